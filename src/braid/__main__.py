@@ -1,0 +1,5 @@
+import sys
+
+from braid.cli import main
+
+sys.exit(main())

@@ -1,0 +1,135 @@
+"""The Trio-facing engine interface, shaped after vLLM's ``AsyncLLM``.
+
+One engine request is one prompt with its sampling parameters (``n`` choices are sampled by the
+engine itself, as vLLM's parallel sampling does). A request is opened as an async context manager
+that yields an async iterator of :class:`EngineOutput` deltas::
+
+    async with engine.open_request(request) as outputs:
+        async for output in outputs:
+            ...
+
+Contract:
+
+* Every output carries only new tokens (vLLM's ``RequestOutputKind.DELTA``); an engine may merge
+  several pending deltas of one choice into one output when the consumer lags.
+* ``prompt_logprobs`` is set on the first output only.
+* The last output has ``finished=True``, and every choice has had exactly one delta with a
+  non-null ``finish_reason`` by then.
+* Leaving the ``async with`` block before the last output **aborts** the request; when
+  ``__aexit__`` returns, the abort has run (the engine holds no work for it). Leaving it by
+  cancellation is the normal way to abort, so engines shield and bound whatever ``__aexit__``
+  awaits.
+* Failures raise :class:`~braid.errors.EngineError` (generation failed) or
+  :class:`~braid.errors.EngineRejected` (the engine's own validation refused the request).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol
+
+import attrs
+
+TopLogprobs = Mapping[int, "Logprob"]
+"""Logprobs at one position: token id -> logprob, the sampled (or actual prompt) token first."""
+
+
+@attrs.frozen
+class Logprob:
+    logprob: float
+    rank: int | None
+    decoded_token: str
+
+
+@attrs.frozen
+class ModelInfo:
+    name: str
+    root: str
+    max_model_len: int = attrs.field(validator=attrs.validators.gt(0))
+    vocab_size: int = attrs.field(validator=attrs.validators.gt(0))
+    max_logprobs: int = 20
+
+
+@attrs.frozen
+class SamplingParams:
+    """What the engine samples with. Validated by braid before it reaches any engine."""
+
+    max_tokens: int = attrs.field(validator=attrs.validators.ge(1))
+    n: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    logit_bias: tuple[tuple[int, float], ...] | None = None
+    allowed_token_ids: tuple[int, ...] | None = None
+    bad_words: tuple[str, ...] | None = None
+
+
+@attrs.frozen
+class EngineRequest:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    prompt_text: str | None = None
+
+
+@attrs.frozen
+class ChoiceDelta:
+    """New tokens of one choice (``index`` is the choice's position among the prompt's ``n``)."""
+
+    index: int
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TopLogprobs, ...] | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+@attrs.frozen
+class EngineOutput:
+    prompt_token_ids: tuple[int, ...]
+    choices: tuple[ChoiceDelta, ...]
+    finished: bool = False
+    prompt_logprobs: tuple[TopLogprobs | None, ...] | None = None
+
+
+class Tokenizer(Protocol):
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, token_ids: tuple[int, ...] | list[int], *, skip_special_tokens: bool = True) -> str: ...
+
+    def token_text(self, token_id: int) -> str:
+        """The text of one token as logprobs show it (special tokens included)."""
+        ...
+
+
+class Engine(Protocol):
+    @property
+    def info(self) -> ModelInfo: ...
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    @property
+    def healthy(self) -> bool: ...
+
+    def open_request(
+        self, request: EngineRequest
+    ) -> AbstractAsyncContextManager[AsyncIterator[EngineOutput]]: ...

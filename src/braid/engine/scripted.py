@@ -1,0 +1,240 @@
+"""A deterministic engine for tests, property tests and front-end benchmarks.
+
+Tokens are bytes: id 0 is ``<s>`` (BOS, added to text prompts), 1 is ``</s>`` (EOS), 2 is
+``<pad>``, and id ``b + 3`` is the byte ``b``; the vocabulary has 259 ids. Generated tokens are
+drawn from lower-case letters and the space, so every token decodes to one character.
+
+Choice ``k`` of a request generates a seeded function of (seed, prompt ids, k, step); with
+``temperature == 0`` every choice is the same greedy sequence. Unless ``ignore_eos``, a step
+after ``min_tokens`` emits EOS with probability 1/24. Stop strings (with vLLM's hold-back of
+text that may still become a stop string), stop token ids, ``logprobs`` and ``prompt_logprobs``
+are honoured. Each token is one delta, produced ``token_delay`` seconds after the previous one.
+
+Fault hooks, read from the prompt's text (token-id prompts are decoded first):
+
+* ``braid:fail@S`` -- the request raises :class:`~braid.errors.EngineError` after ``S`` tokens.
+* ``braid:invalid`` -- the request is rejected by the engine (:class:`~braid.errors.EngineRejected`)
+  on its first iteration, after braid has admitted it and a stream may have started, as vLLM's
+  lazy validation does.
+
+The engine counts requests in flight, finished, failed and aborted, and keeps the ids of aborted
+requests (so a test can see that none was aborted twice).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import struct
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import attrs
+import trio
+
+from braid.engine.base import (
+    ChoiceDelta,
+    EngineOutput,
+    EngineRequest,
+    Logprob,
+    ModelInfo,
+    TopLogprobs,
+)
+from braid.errors import EngineError, EngineRejected, EngineUnavailable
+
+BOS, EOS, PAD = 0, 1, 2
+_SPECIAL = {BOS: "<s>", EOS: "</s>", PAD: "<pad>"}
+_OFFSET = 3
+VOCAB_SIZE = 256 + _OFFSET
+_ALPHABET = tuple(ord(c) + _OFFSET for c in "abcdefghijklmnopqrstuvwxyz ")
+_FAIL = re.compile(r"braid:fail@(\d+)")
+
+
+class ByteTokenizer:
+    """Byte-level tokenizer with three special tokens (see the module docstring)."""
+
+    vocab_size = VOCAB_SIZE
+    bos_token_id = BOS
+    eos_token_id = EOS
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        ids = [b + _OFFSET for b in text.encode("utf-8")]
+        return [BOS, *ids] if add_special_tokens else ids
+
+    def decode(self, token_ids: tuple[int, ...] | list[int], *, skip_special_tokens: bool = True) -> str:
+        out = bytearray()
+        for t in token_ids:
+            if t >= _OFFSET:
+                out.append(t - _OFFSET)
+            elif not skip_special_tokens:
+                out += _SPECIAL[t].encode()
+        return out.decode("utf-8", errors="replace")
+
+    def token_text(self, token_id: int) -> str:
+        if token_id < _OFFSET:
+            return _SPECIAL[token_id]
+        return bytes([token_id - _OFFSET]).decode("utf-8", errors="replace")
+
+
+def _unit(*parts: object) -> float:
+    """A deterministic number in [0, 1) from the parts."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return struct.unpack("<Q", digest)[0] / 2**64
+
+
+def _logprob_of(*parts: object) -> float:
+    return math.log(0.05 + 0.9 * _unit("lp", *parts))
+
+
+def _top(token_id: int, k: int, *parts: object) -> TopLogprobs:
+    """The logprobs dict at one position: the actual token first, then ``k`` ranked alternatives."""
+    tok = ByteTokenizer()
+    out = {token_id: Logprob(_logprob_of(token_id, *parts), 1 + int(_unit("rank", *parts) * 4), tok.token_text(token_id))}
+    rank = 1
+    for alt in _ALPHABET:
+        if len(out) > k:
+            break
+        if alt not in out:
+            out[alt] = Logprob(_logprob_of(alt, *parts) - rank, rank, tok.token_text(alt))
+            rank += 1
+    return out
+
+
+@attrs.define
+class _Choice:
+    k: int
+    text: str = ""
+    emitted: int = 0
+    tokens: int = 0
+    finished: bool = False
+
+
+@attrs.define(eq=False)
+class _Generation:
+    """The state of one running request; ``outputs`` is its delta stream."""
+
+    request: EngineRequest
+    token_delay: float
+    fail_after: int | None
+    invalid: bool
+    finished: bool = False
+
+    def _next_token(self, choice: _Choice) -> int:
+        p = self.request.params
+        k = choice.k if p.temperature > 0 else 0
+        key = (p.seed, self.request.prompt_token_ids, k, choice.tokens)
+        if not p.ignore_eos and choice.tokens >= p.min_tokens and _unit("eos", *key) < 1 / 24:
+            return EOS
+        return _ALPHABET[int(_unit("tok", *key) * len(_ALPHABET))]
+
+    def _step(self, choice: _Choice) -> ChoiceDelta:
+        p = self.request.params
+        token = self._next_token(choice)
+        choice.tokens += 1
+        logprobs = None
+        if p.logprobs is not None:
+            logprobs = (_top(token, p.logprobs, self.request.prompt_token_ids, choice.k, choice.tokens),)
+        finish: str | None = None
+        stop_reason: str | int | None = None
+        if token == EOS:
+            finish = "stop"
+        elif token in p.stop_token_ids and choice.tokens > p.min_tokens:
+            finish, stop_reason = "stop", token
+        else:
+            choice.text += ByteTokenizer().token_text(token)
+            for s in p.stop:
+                at = choice.text.find(s, max(0, choice.emitted - len(s)))
+                if at >= 0:
+                    end = at + len(s) if p.include_stop_str_in_output else at
+                    choice.text = choice.text[:end]
+                    finish, stop_reason = "stop", s
+                    break
+        if finish is None and choice.tokens >= p.max_tokens:
+            finish = "length"
+        if finish is None:
+            hold = max((len(s) - 1 for s in p.stop), default=0)
+            upto = max(choice.emitted, len(choice.text) - hold)
+        else:
+            upto = len(choice.text)
+            choice.finished = True
+        text = choice.text[choice.emitted : upto]
+        choice.emitted = upto
+        return ChoiceDelta(choice.k, text, (token,), logprobs, finish, stop_reason)
+
+    def _prompt_logprobs(self) -> tuple[TopLogprobs | None, ...] | None:
+        k = self.request.params.prompt_logprobs
+        if k is None:
+            return None
+        ids = self.request.prompt_token_ids
+        return (None, *(_top(t, k, ids[:i], "prompt") for i, t in enumerate(ids) if i > 0))
+
+    async def outputs(self) -> AsyncIterator[EngineOutput]:
+        await trio.lowlevel.checkpoint()
+        if self.invalid:
+            raise EngineRejected("The scripted engine rejected this prompt (braid:invalid).", param="prompt")
+        ids = self.request.prompt_token_ids
+        choices = [_Choice(k) for k in range(self.request.params.n)]
+        prompt_logprobs = self._prompt_logprobs()
+        produced = 0
+        while True:
+            if self.token_delay > 0:
+                await trio.sleep(self.token_delay)
+            else:
+                await trio.lowlevel.checkpoint()
+            if self.fail_after is not None and produced >= self.fail_after:
+                raise EngineError(f"scripted engine failure after {produced} tokens (braid:fail@{self.fail_after})")
+            deltas = tuple(self._step(c) for c in choices if not c.finished)
+            produced += 1
+            done = all(c.finished for c in choices)
+            self.finished = done
+            yield EngineOutput(ids, deltas, done, prompt_logprobs)
+            prompt_logprobs = None
+            if done:
+                return
+
+
+@attrs.define(eq=False)
+class ScriptedEngine:
+    """A deterministic engine (see the module docstring)."""
+
+    token_delay: float = 0.0
+    info: ModelInfo = attrs.field(
+        factory=lambda: ModelInfo(name="scripted", root="braid/scripted", max_model_len=2048, vocab_size=VOCAB_SIZE)
+    )
+    tokenizer: ByteTokenizer = attrs.field(factory=ByteTokenizer)
+    healthy: bool = True
+    in_flight: int = 0
+    finished_total: int = 0
+    aborted_ids: list[str] = attrs.field(factory=list)
+    failed_total: int = 0
+
+    @property
+    def aborted_total(self) -> int:
+        return len(self.aborted_ids)
+
+    @asynccontextmanager
+    async def open_request(self, request: EngineRequest) -> AsyncIterator[AsyncIterator[EngineOutput]]:
+        """Run one request. Leaving early (cancellation included) aborts it; nothing here awaits on exit."""
+        if not self.healthy:
+            raise EngineUnavailable("The engine is not running.")
+        text = self.tokenizer.decode(request.prompt_token_ids)
+        fail = _FAIL.search(text)
+        gen = _Generation(request, self.token_delay, int(fail.group(1)) if fail else None, "braid:invalid" in text)
+        outputs = gen.outputs()
+        self.in_flight += 1
+        failed = False
+        try:
+            yield outputs
+        except (EngineError, EngineRejected):
+            failed = True
+            raise
+        finally:
+            self.in_flight -= 1
+            await outputs.aclose()  # the generator's cleanup never awaits: safe when cancelled
+            if gen.finished:
+                self.finished_total += 1
+            elif failed:
+                self.failed_total += 1
+            else:
+                self.aborted_ids.append(request.request_id)

@@ -1,0 +1,78 @@
+"""braid's error hierarchy, and how each error is shown to a client.
+
+::
+
+    BraidError                  (500 InternalServerError)
+    ├── InvalidRequest          (400 BadRequestError)   a request braid will not run
+    │   ├── SchemaError         (400 "Bad Request")     the body does not fit the schema
+    │   └── EngineRejected      (400 BadRequestError)   the engine refused it after the 200
+    ├── ModelNotFound           (404 NotFoundError)
+    ├── EngineError             (500 InternalServerError) generation failed mid-way
+    ├── EngineUnavailable       (503 ServiceUnavailableError) the engine is dead or draining
+    └── StreamStalled           (408 RequestTimeout)    the client stopped reading
+
+Every error renders to vLLM's body ``{"error": {"message", "type", "param", "code"}}``, where
+``code`` is the integer HTTP status and ``type`` is vLLM's string for that class of error.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class BraidError(Exception):
+    """Base class. ``param`` names the offending request field, when there is one."""
+
+    status: ClassVar[int] = 500
+    type: ClassVar[str] = "InternalServerError"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    def body(self) -> dict[str, object]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.status,
+            }
+        }
+
+
+class InvalidRequest(BraidError):
+    status = 400
+    type = "BadRequestError"
+
+
+class SchemaError(InvalidRequest):
+    """The body is not JSON, not an object, or a field has the wrong type (vLLM's pydantic path)."""
+
+    type = "Bad Request"
+
+
+class EngineRejected(InvalidRequest):
+    """The engine rejected a request that braid had already admitted (lazy validation)."""
+
+
+class ModelNotFound(BraidError):
+    status = 404
+    type = "NotFoundError"
+
+
+class EngineError(BraidError):
+    """Generation failed inside the engine."""
+
+
+class EngineUnavailable(BraidError):
+    status = 503
+    type = "ServiceUnavailableError"
+
+
+class StreamStalled(BraidError):
+    """The client stopped reading for longer than the stall timeout; its engine work was aborted."""
+
+    status = 408
+    type = "RequestTimeout"

@@ -1,0 +1,1 @@
+"""The HTTP edge: the quart-trio app, its routes, and the streaming response body."""

@@ -1,0 +1,60 @@
+"""The streaming response body: a quart ``ResponseBody`` that owns the request's nursery.
+
+Quart sends a body as ``async with body: async for data in body: send(data)`` in one task, so the
+run's nursery lives between ``__aenter__`` and ``__aexit__`` and ``__anext__`` is a plain coroutine:
+no nursery or cancel scope is held across a ``yield`` (trio forbids that in async generators).
+
+Each ``__anext__`` returns every event that is ready as one body chunk: one event when the stream
+is idle, many under load, because each body send costs far more than encoding an event. When
+nothing arrives for ``heartbeat`` seconds it returns an SSE comment, which keeps proxies from
+timing out an idle stream. When the client disconnects, quart cancels this task; ``__aexit__``
+then aborts every engine request of the run before it returns.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+import trio
+from quart.wrappers.response import ResponseBody
+
+from braid.encode import HEARTBEAT
+from braid.errors import BraidError
+from braid.merge import Phase, StreamMerger
+from braid.run import CompletionRun
+
+
+class CompletionStream(ResponseBody):
+    def __init__(self, run: CompletionRun, merger: StreamMerger, *, heartbeat: float) -> None:
+        self._run = run
+        self._merger = merger
+        self._heartbeat = heartbeat
+
+    async def __aenter__(self) -> CompletionStream:
+        await self._run.__aenter__()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        return await self._run.__aexit__(exc_type, exc, tb)
+
+    def __aiter__(self) -> CompletionStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        merger = self._merger
+        while merger.phase is Phase.STREAMING:
+            with trio.move_on_after(self._heartbeat):
+                try:
+                    arrivals = await self._run.receive_ready()
+                except trio.EndOfChannel:
+                    return merger.finish()
+                except BraidError as err:
+                    return merger.fail(err)
+                data = merger.feed(arrivals)
+                if data:
+                    return data
+                continue
+            return HEARTBEAT
+        raise StopAsyncIteration

@@ -1,0 +1,32 @@
+"""Prometheus metrics, one registry per app (so tests and several apps in a process do not mix)."""
+
+from __future__ import annotations
+
+import attrs
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
+
+# The *_created series double the output and no dashboard of ours reads them.
+disable_created_metrics()
+
+
+@attrs.define(eq=False)
+class Metrics:
+    registry: CollectorRegistry = attrs.field(factory=CollectorRegistry)
+    in_flight: Gauge = attrs.field(init=False)
+    aborts: Counter = attrs.field(init=False)
+    engine_requests: Counter = attrs.field(init=False)
+    engine_errors: Counter = attrs.field(init=False)
+    http_requests: Counter = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        r = self.registry
+        self.in_flight = Gauge("braid_engine_requests_in_flight", "Engine requests braid is driving now", registry=r)
+        self.aborts = Counter("braid_engine_aborts", "Engine requests braid aborted before they finished", registry=r)
+        self.engine_requests = Counter("braid_engine_requests", "Engine requests braid started", registry=r)
+        self.engine_errors = Counter("braid_engine_errors", "Engine requests that failed in the engine", registry=r)
+        self.http_requests = Counter(
+            "braid_completion_requests", "Completion requests by outcome", ["outcome"], registry=r
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

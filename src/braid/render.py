@@ -1,0 +1,176 @@
+"""Render: engine deltas -> OpenAI choice fragments (echo, logprobs, text offsets, token counts).
+
+Pure. One :class:`ChoiceRenderer` per request keeps what each choice has emitted so far, so that a
+stream's fragments and a non-streaming response are the same function of the engine's outputs:
+the non-streaming text of a choice is the concatenation of its streamed fragments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from braid.engine.base import EngineOutput, Tokenizer, TopLogprobs
+from braid.plan import Plan
+
+_FLOOR = -9999.0  # vLLM clamps -inf (and anything below) so JSON stays finite
+
+
+@attrs.frozen
+class LogprobsFragment:
+    text_offset: tuple[int, ...]
+    token_logprobs: tuple[float | None, ...]
+    tokens: tuple[str, ...]
+    top_logprobs: tuple[dict[str, float] | None, ...]
+
+
+@attrs.frozen
+class ChoiceChunk:
+    """What one choice gained from one engine output."""
+
+    index: int
+    prompt_idx: int
+    text: str
+    logprobs: LogprobsFragment | None
+    finish_reason: str | None
+    stop_reason: str | int | None
+    token_ids: tuple[int, ...] | None
+    prompt_token_ids: tuple[int, ...] | None
+    prompt_logprobs: tuple[dict[str, dict[str, object]] | None, ...] | None
+    completion_tokens: int
+    """The choice's completion tokens so far (for continuous usage)."""
+
+
+@attrs.define
+class _ChoiceState:
+    started: bool = False
+    text_len: int = 0
+    tokens: int = 0
+    finished: bool = False
+
+
+def render_logprobs(
+    token_ids: Sequence[int],
+    steps: Sequence[TopLogprobs | None],
+    *,
+    top: int,
+    offset: int,
+    tokenizer: Tokenizer,
+    as_ids: bool,
+) -> LogprobsFragment:
+    """OpenAI's legacy logprobs object for ``token_ids`` (``steps[j]`` holds position ``j``).
+
+    A position without a step dict (the first prompt token) has a null logprob and null top
+    logprobs. ``top_logprobs`` keeps the first ``top + 1`` entries (the actual token first), as vLLM.
+    """
+    tokens, token_lps, tops, offsets = [], [], [], []
+    for j, t in enumerate(token_ids):
+        d = steps[j] if j < len(steps) else None
+        if d is None or t not in d:
+            name = f"token_id:{t}" if as_ids else tokenizer.token_text(t)
+            token_lps.append(None)
+            tops.append(None)
+        else:
+            name = f"token_id:{t}" if as_ids else d[t].decoded_token
+            token_lps.append(max(d[t].logprob, _FLOOR))
+            entries: dict[str, float] = {}
+            for rank, (tok, lp) in enumerate(d.items()):
+                if rank > top:
+                    break
+                entries[f"token_id:{tok}" if as_ids else lp.decoded_token] = max(lp.logprob, _FLOOR)
+            tops.append(entries)
+        tokens.append(name)
+        offsets.append(offset)
+        offset += len(name)
+    return LogprobsFragment(tuple(offsets), tuple(token_lps), tuple(tokens), tuple(tops))
+
+
+def render_prompt_logprobs(
+    steps: Sequence[TopLogprobs | None],
+) -> tuple[dict[str, dict[str, object]] | None, ...]:
+    """vLLM's raw ``prompt_logprobs`` field: per position ``{token_id: {logprob, rank, decoded_token}}``."""
+    return tuple(
+        None
+        if d is None
+        else {
+            str(t): {"logprob": max(lp.logprob, _FLOOR), "rank": lp.rank, "decoded_token": lp.decoded_token}
+            for t, lp in d.items()
+        }
+        for d in steps
+    )
+
+
+@attrs.define
+class ChoiceRenderer:
+    """Turns each prompt's engine outputs into :class:`ChoiceChunk` s, one per choice delta."""
+
+    plan: Plan
+    tokenizer: Tokenizer
+    _choices: list[_ChoiceState] = attrs.field(init=False)
+    _prompt_steps: list[tuple[TopLogprobs | None, ...] | None] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._choices = [_ChoiceState() for _ in range(self.plan.num_choices)]
+        self._prompt_steps = [None] * len(self.plan.items)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.tokens for c in self._choices)
+
+    @property
+    def all_finished(self) -> bool:
+        return all(c.finished for c in self._choices)
+
+    def render(self, prompt_idx: int, output: EngineOutput) -> list[ChoiceChunk]:
+        plan = self.plan
+        if output.prompt_logprobs is not None:
+            self._prompt_steps[prompt_idx] = output.prompt_logprobs
+        prompt_ids = output.prompt_token_ids
+        chunks = []
+        for delta in output.choices:
+            index = prompt_idx * plan.n + delta.index
+            state = self._choices[index]
+            if state.finished:
+                raise ValueError(f"choice {index} got a delta after it finished")
+            first = not state.started
+            if plan.hide_completion:
+                text, ids, steps = "", (), ()
+            else:
+                text, ids, steps = delta.text, delta.token_ids, delta.logprobs or ()
+            if first and plan.echo:
+                prompt_steps = self._prompt_steps[prompt_idx] or ()
+                text = self.plan.items[prompt_idx].echo_text + text
+                steps = (*prompt_steps, *((None,) * (len(prompt_ids) - len(prompt_steps))), *steps)
+                ids = (*prompt_ids, *ids)
+            state.tokens += len(delta.token_ids)
+            if delta.finish_reason is not None:
+                state.finished = True
+            elif not text and not delta.token_ids and not (first and plan.echo):
+                continue  # nothing to show yet (vLLM skips such deltas too)
+            state.started = True
+            logprobs = None
+            if plan.logprobs is not None:
+                logprobs = render_logprobs(
+                    ids, steps, top=plan.logprobs, offset=state.text_len, tokenizer=self.tokenizer,
+                    as_ids=plan.tokens_as_ids,
+                )
+            state.text_len += len(text)
+            prompt_lps = None
+            if first and plan.prompt_logprobs is not None and not plan.stream:
+                prompt_lps = render_prompt_logprobs(self._prompt_steps[prompt_idx] or ())
+            chunks.append(
+                ChoiceChunk(
+                    index=index,
+                    prompt_idx=prompt_idx,
+                    text=text,
+                    logprobs=logprobs,
+                    finish_reason=delta.finish_reason,
+                    stop_reason=delta.stop_reason,
+                    token_ids=delta.token_ids if plan.return_token_ids else None,
+                    prompt_token_ids=prompt_ids if plan.return_token_ids and first else None,
+                    prompt_logprobs=prompt_lps,
+                    completion_tokens=state.tokens,
+                )
+            )
+        return chunks

@@ -1,0 +1,397 @@
+"""Validate: a raw ``/v1/completions`` body -> :class:`CompletionRequest`, or an InvalidRequest.
+
+Pure: no I/O, no engine. Everything that can be checked without tokenizing is checked here, so a bad
+request is refused before any engine work and before a 200 is committed.
+
+The body's field types are decoded by msgspec in strict mode, which rejects ``2.0`` or ``true``
+for an integer field and ``"2"`` for a number, and names the field's JSON path in its message.
+``prompt`` is a union of four list shapes that no schema library decodes with a useful message,
+so :func:`parse_prompts` checks it by hand and names the prompt index and position of the fault.
+Unknown fields are ignored, as vLLM does; fields that would change the output but that braid
+cannot honour are refused with a 400 rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import attrs
+import msgspec
+
+from braid.errors import InvalidRequest, SchemaError
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+@attrs.frozen
+class TextPrompt:
+    text: str
+
+
+@attrs.frozen
+class TokenPrompt:
+    token_ids: tuple[int, ...]
+
+
+Prompt = TextPrompt | TokenPrompt
+
+
+@attrs.frozen
+class Limits:
+    max_prompts: int = 1024
+    max_choices: int = 4096
+    max_n: int = 256
+    max_stop: int = 64
+    max_logprobs: int = 20
+    vocab_size: int = 2**31 - 1
+
+
+class _StreamOptions(msgspec.Struct):
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
+
+
+class _Body(msgspec.Struct):
+    """The wire schema. ``None`` means absent or null, as in vLLM's pydantic model."""
+
+    model: str | None = None
+    prompt: Any = None
+    max_tokens: int | None = None
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    stream: bool | None = None
+    stream_options: _StreamOptions | None = None
+    echo: bool | None = None
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
+    add_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = None
+    request_id: str | None = None
+    user: str | None = None
+    priority: int = 0
+    # Fields that change the output and that braid refuses (see _UNSUPPORTED).
+    suffix: str | None = None
+    use_beam_search: bool = False
+    best_of: int | None = None
+    prompt_embeds: Any = None
+    response_format: Any = None
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    logprob_token_ids: Any = None
+    repetition_detection: Any = None
+
+
+_DECODER = msgspec.json.Decoder(_Body)
+_PATH = re.compile(r" - at `\$\.?([^`]*)`$")
+
+
+@attrs.frozen
+class CompletionRequest:
+    """A validated request. ``max_tokens`` is what the client asked for (0 only with ``echo``)."""
+
+    model: str | None
+    prompts: tuple[Prompt, ...]
+    max_tokens: int
+    n: int
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    seed: int | None
+    stop: tuple[str, ...]
+    stop_token_ids: tuple[int, ...]
+    include_stop_str_in_output: bool
+    ignore_eos: bool
+    min_tokens: int
+    presence_penalty: float
+    frequency_penalty: float
+    repetition_penalty: float
+    skip_special_tokens: bool
+    spaces_between_special_tokens: bool
+    logit_bias: tuple[tuple[int, float], ...] | None
+    allowed_token_ids: tuple[int, ...] | None
+    bad_words: tuple[str, ...] | None
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool
+    echo: bool
+    logprobs: int | None
+    prompt_logprobs: int | None
+    return_token_ids: bool
+    return_tokens_as_token_ids: bool
+    add_special_tokens: bool
+    truncate_prompt_tokens: int | None
+    request_id: str | None
+
+
+def _bad(message: str, param: str | None = None) -> InvalidRequest:
+    return InvalidRequest(message, param=param)
+
+
+def decode_body(body: bytes) -> _Body:
+    try:
+        return _DECODER.decode(body)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        m = _PATH.search(text)
+        param = m.group(1) if m and m.group(1) else None
+        raise SchemaError(f"Invalid request body: {text}", param=param) from None
+    except msgspec.DecodeError as exc:
+        raise SchemaError(f"The request body is not valid JSON: {exc}") from None
+
+
+def _type_name(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean {'true' if value else 'false'}"
+    if isinstance(value, float):
+        return f"float {value!r}"
+    if isinstance(value, str):
+        return f"string {value!r}"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _token_id(value: object, where: str, vocab_size: int) -> int:
+    if type(value) is not int:
+        raise _bad(f"{where}: token ids must be integers, got {_type_name(value)}.", "prompt")
+    if value < 0:
+        raise _bad(f"{where}: token id {value} is negative.", "prompt")
+    if value >= vocab_size:
+        raise _bad(f"{where}: token id {value} is out of vocabulary (vocabulary size {vocab_size}).", "prompt")
+    return value
+
+
+_EMPTY = "Either prompt or prompt_embeds must be provided and non-empty."
+_SHAPES = "a string, a list of strings, a list of token ids, or a list of token-id lists"
+
+
+def parse_prompts(value: object, limits: Limits) -> tuple[Prompt, ...]:
+    """The four prompt shapes of the OpenAI API, with strict token ids.
+
+    ``"text"`` and ``[1, 2]`` are one prompt; ``["a", "b"]`` and ``[[1], [2]]`` are a batch.
+    """
+    if value is None or value == "" or value == []:
+        raise _bad(_EMPTY, "prompt")
+    if isinstance(value, str):
+        return (TextPrompt(value),)
+    if not isinstance(value, list):
+        raise _bad(f"prompt must be {_SHAPES}; got {_type_name(value)}.", "prompt")
+    first = value[0]
+    if isinstance(first, str):
+        for i, p in enumerate(value):
+            if not isinstance(p, str):
+                raise _bad(f"prompt[{i}]: a list of strings cannot hold {_type_name(p)}; prompt must be {_SHAPES}.", "prompt")
+        prompts: tuple[Prompt, ...] = tuple(TextPrompt(p) for p in value)
+    elif isinstance(first, list):
+        out: list[Prompt] = []
+        for i, p in enumerate(value):
+            if not isinstance(p, list):
+                raise _bad(f"prompt[{i}]: a list of token-id lists cannot hold {_type_name(p)}; prompt must be {_SHAPES}.", "prompt")
+            if not p:
+                raise _bad(f"prompt[{i}]: the token-id list is empty (the decoder prompt cannot be empty).", "prompt")
+            for j, t in enumerate(p):
+                if isinstance(t, list | dict):
+                    raise _bad(f"prompt[{i}][{j}]: token ids must be integers, got {_type_name(t)}.", "prompt")
+            out.append(TokenPrompt(tuple(_token_id(t, f"prompt[{i}][{j}]", limits.vocab_size) for j, t in enumerate(p))))
+        prompts = tuple(out)
+    else:
+        ids = []
+        for j, t in enumerate(value):
+            if isinstance(t, str | list | dict):
+                raise _bad(f"prompt[{j}]: a list of token ids cannot hold {_type_name(t)}; prompt must be {_SHAPES}.", "prompt")
+            ids.append(_token_id(t, f"prompt[{j}]", limits.vocab_size))
+        return (TokenPrompt(tuple(ids)),)
+    if len(prompts) > limits.max_prompts:
+        raise _bad(
+            f"prompt list length {len(prompts)} exceeds the maximum allowed count of {limits.max_prompts}.",
+            "prompt",
+        )
+    return prompts
+
+
+_UNSUPPORTED = {
+    "suffix": "suffix is not currently supported",
+    "use_beam_search": "beam search is not supported by braid",
+    "prompt_embeds": "prompt_embeds is not supported by braid",
+    "response_format": "response_format (structured output) is not supported by braid yet",
+    "structured_outputs": "structured_outputs is not supported by braid yet",
+    "guided_json": "guided decoding is not supported by braid yet",
+    "guided_regex": "guided decoding is not supported by braid yet",
+    "guided_choice": "guided decoding is not supported by braid yet",
+    "guided_grammar": "guided decoding is not supported by braid yet",
+    "logprob_token_ids": "logprob_token_ids is not supported by braid yet",
+    "repetition_detection": "repetition_detection is not supported by braid yet",
+}
+
+
+def _check_range(name: str, value: float | None, lo: float, hi: float, *, lo_open: bool = False) -> None:
+    if value is None:
+        return
+    ok = math.isfinite(value) and (lo < value if lo_open else lo <= value) and value <= hi
+    if not ok:
+        bracket = "(" if lo_open else "["
+        raise _bad(f"{name} must be in {bracket}{lo:g}, {hi:g}], got {value}.", name)
+
+
+def _check_fields(b: _Body, limits: Limits) -> None:
+    for name, message in _UNSUPPORTED.items():
+        value = getattr(b, name)
+        if name == "use_beam_search":
+            value = value or None
+        if name == "response_format" and isinstance(value, dict) and value.get("type") == "text":
+            value = None
+        if value is not None:
+            raise _bad(message, None if name == "suffix" else name)
+    if b.best_of is not None and b.best_of != b.n:
+        raise _bad("best_of is not supported by braid (it must equal n when given).", "best_of")
+    if b.priority != 0:
+        raise _bad("priority scheduling is not enabled; priority must be 0.", "priority")
+    if b.stream_options and not (b.stream_options.include_usage is None and b.stream_options.continuous_usage_stats is None) and not b.stream:
+        raise SchemaError("Stream options can only be defined when `stream=True`.", param="stream_options")
+    if b.n < 1 or b.n > limits.max_n:
+        raise _bad(f"n must be between 1 and {limits.max_n}, got {b.n}.", "n")
+    if b.max_tokens is not None and b.max_tokens < 1 and not (b.echo and b.max_tokens == 0):
+        raise _bad(f"max_tokens must be at least 1, got {b.max_tokens}.", "max_tokens")
+    _check_range("temperature", b.temperature, 0.0, 2.0)
+    _check_range("top_p", b.top_p, 0.0, 1.0, lo_open=True)
+    _check_range("min_p", b.min_p, 0.0, 1.0)
+    _check_range("presence_penalty", b.presence_penalty, -2.0, 2.0)
+    _check_range("frequency_penalty", b.frequency_penalty, -2.0, 2.0)
+    if b.repetition_penalty is not None and not (math.isfinite(b.repetition_penalty) and 0 < b.repetition_penalty <= 2.0):
+        raise _bad(f"repetition_penalty must be in (0, 2], got {b.repetition_penalty}.", "repetition_penalty")
+    if b.top_k is not None and b.top_k < -1:
+        raise _bad(f"top_k must be -1 or 0 (disable), or at least 1, got {b.top_k}.", "top_k")
+    if b.seed is not None and not INT64_MIN <= b.seed <= INT64_MAX:
+        raise _bad(f"seed must be a 64-bit integer, got {b.seed}.", "seed")
+    temperature = 1.0 if b.temperature is None else b.temperature
+    if temperature < 1e-5 and b.n > 1:
+        raise _bad(f"n must be 1 when using greedy sampling, got {b.n}.")
+    for name in ("logprobs", "prompt_logprobs"):
+        value = getattr(b, name)
+        if value is None:
+            continue
+        if value < -1:
+            raise _bad(f"{name} must be -1 (the whole vocabulary) or non-negative, got {value}.", name)
+        asked = limits.vocab_size if value == -1 else value
+        if asked > limits.max_logprobs:
+            raise _bad(f"Requested {name} of {asked}, which is greater than the maximum allowed: {limits.max_logprobs}.", name)
+    if b.stream and b.prompt_logprobs is not None and b.prompt_logprobs != 0:
+        raise _bad("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
+    stops = [b.stop] if isinstance(b.stop, str) else (b.stop or [])
+    if any(s == "" for s in stops):
+        raise _bad("stop cannot contain an empty string.", "stop")
+    if len(stops) > limits.max_stop:
+        raise _bad(f"at most {limits.max_stop} stop strings are allowed, got {len(stops)}.", "stop")
+    for name in ("stop_token_ids", "allowed_token_ids"):
+        for t in getattr(b, name) or ():
+            if not 0 <= t < limits.vocab_size:
+                raise _bad(f"{name} holds token id {t}, outside the vocabulary (size {limits.vocab_size}).", name)
+    if b.allowed_token_ids is not None and not b.allowed_token_ids:
+        raise _bad("allowed_token_ids cannot be empty.", "allowed_token_ids")
+    if b.min_tokens < 0:
+        raise _bad(f"min_tokens must be non-negative, got {b.min_tokens}.", "min_tokens")
+    max_tokens = 16 if b.max_tokens is None else b.max_tokens
+    if b.min_tokens > max(max_tokens, 1):
+        raise _bad(f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {b.min_tokens}.", "min_tokens")
+    if b.truncate_prompt_tokens is not None and b.truncate_prompt_tokens < -1:
+        raise _bad(f"truncate_prompt_tokens must be -1 or at least 1, got {b.truncate_prompt_tokens}.", "truncate_prompt_tokens")
+
+
+def _logit_bias(raw: dict[str, float] | None, vocab_size: int) -> tuple[tuple[int, float], ...] | None:
+    if raw is None:
+        return None
+    out = []
+    for key, value in raw.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise _bad(f"logit_bias keys must be token ids, got {key!r}.", "logit_bias") from None
+        if not 0 <= token < vocab_size:
+            raise _bad(f"logit_bias token id {token} is outside the vocabulary (size {vocab_size}).", "logit_bias")
+        if not math.isfinite(value):
+            raise _bad(f"logit_bias values must be finite, got {value}.", "logit_bias")
+        out.append((token, max(-100.0, min(100.0, value))))
+    return tuple(out)
+
+
+def parse_request(body: bytes, limits: Limits) -> CompletionRequest:
+    """Decode and validate a request body; raises :class:`~braid.errors.InvalidRequest` (a 400)."""
+    b = decode_body(body)
+    _check_fields(b, limits)
+    prompts = parse_prompts(b.prompt, limits)
+    if len(prompts) * b.n > limits.max_choices:
+        raise _bad(
+            f"{len(prompts)} prompts x n={b.n} is {len(prompts) * b.n} choices, more than the maximum of {limits.max_choices}.",
+            "n",
+        )
+    stream = bool(b.stream)
+    include_usage = stream and bool(b.stream_options and b.stream_options.include_usage)
+    echo = bool(b.echo)
+    prompt_logprobs = b.prompt_logprobs
+    if echo and b.logprobs is not None and prompt_logprobs is None:
+        prompt_logprobs = b.logprobs  # echoed tokens need their logprobs, as in vLLM
+    stop = (b.stop,) if isinstance(b.stop, str) else tuple(b.stop or ())
+    return CompletionRequest(
+        model=b.model or None,
+        prompts=prompts,
+        max_tokens=16 if b.max_tokens is None else b.max_tokens,
+        n=b.n,
+        temperature=1.0 if b.temperature is None else b.temperature,
+        top_p=1.0 if b.top_p is None else b.top_p,
+        top_k=0 if b.top_k is None else b.top_k,
+        min_p=0.0 if b.min_p is None else b.min_p,
+        seed=None if b.seed in (None, -1) else b.seed,
+        stop=stop,
+        stop_token_ids=tuple(b.stop_token_ids or ()),
+        include_stop_str_in_output=b.include_stop_str_in_output,
+        ignore_eos=b.ignore_eos,
+        min_tokens=b.min_tokens,
+        presence_penalty=b.presence_penalty or 0.0,
+        frequency_penalty=b.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if b.repetition_penalty is None else b.repetition_penalty,
+        skip_special_tokens=b.skip_special_tokens,
+        spaces_between_special_tokens=b.spaces_between_special_tokens,
+        logit_bias=_logit_bias(b.logit_bias, limits.vocab_size),
+        allowed_token_ids=None if b.allowed_token_ids is None else tuple(b.allowed_token_ids),
+        bad_words=None if b.bad_words is None else tuple(b.bad_words),
+        stream=stream,
+        include_usage=include_usage,
+        continuous_usage=include_usage and bool(b.stream_options and b.stream_options.continuous_usage_stats),
+        echo=echo,
+        logprobs=b.logprobs,
+        prompt_logprobs=prompt_logprobs,
+        return_token_ids=bool(b.return_token_ids),
+        return_tokens_as_token_ids=bool(b.return_tokens_as_token_ids),
+        add_special_tokens=b.add_special_tokens,
+        truncate_prompt_tokens=b.truncate_prompt_tokens,
+        request_id=b.request_id,
+    )

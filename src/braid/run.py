@@ -1,0 +1,138 @@
+"""Run: one nursery per request, one driver task per prompt, all feeding one bounded channel.
+
+:class:`CompletionRun` is an async context manager that owns every task and channel of a request:
+
+* ``__aenter__`` opens the *outer* nursery and starts a supervisor in it, which opens the *inner*
+  nursery with one driver per prompt. Drivers send ``(prompt_idx, EngineOutput)`` into clones of
+  one bounded memory channel; the consumer reads it with :meth:`receive_ready`.
+* A driver whose engine request fails records the error and cancels the inner nursery at once, so
+  every sibling is aborted immediately, not when the consumer gets round to the error. Only the
+  inner scope is cancelled: the consumer, which runs in the body of the outer nursery, can still
+  write the error event.
+* A driver that cannot hand an output to the consumer for ``stall_timeout`` seconds (the client
+  stopped reading) fails the run with :class:`~braid.errors.StreamStalled`, which aborts all.
+* ``__aexit__`` with an exception (client disconnect, server drain, any cancellation) cancels
+  every driver; each engine adapter shields and bounds its own abort, so when ``__aexit__``
+  returns no engine request of this run is left running.
+
+The two nurseries are needed because cancelling a nursery's scope also cancels the body of its
+``async with``, which here is the consumer still writing the response.
+"""
+
+from __future__ import annotations
+
+import attrs
+import trio
+
+from braid.engine.base import Engine
+from braid.errors import BraidError, StreamStalled
+from braid.merge import Arrival
+from braid.metrics import Metrics
+from braid.plan import Plan, PlanItem
+
+
+@attrs.define(eq=False)
+class CompletionRun:
+    engine: Engine
+    plan: Plan
+    metrics: Metrics
+    buffer: int = 64
+    stall_timeout: float = 30.0
+    max_batch: int = 1024
+    error: BraidError | None = None
+    _outer_cm: trio.Nursery | None = None
+    _outer: trio.Nursery | None = None
+    _inner: trio.Nursery | None = None
+    _recv: trio.MemoryReceiveChannel[Arrival] | None = None
+
+    async def __aenter__(self) -> CompletionRun:
+        send, self._recv = trio.open_memory_channel[Arrival](self.buffer)
+        self._outer_cm = trio.open_nursery()  # type: ignore[assignment]
+        self._outer = await self._outer_cm.__aenter__()  # type: ignore[union-attr]
+        try:
+            self._inner = await self._outer.start(self._supervise, send)
+        except BaseException as exc:
+            await self._outer_cm.__aexit__(type(exc), exc, exc.__traceback__)  # type: ignore[union-attr]
+            raise
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> bool | None:  # type: ignore[no-untyped-def]
+        assert self._inner is not None and self._outer_cm is not None and self._recv is not None
+        if exc is not None or self.error is not None:
+            self._inner.cancel_scope.cancel()
+        try:
+            return await self._outer_cm.__aexit__(exc_type, exc, tb)  # type: ignore[union-attr]
+        finally:
+            self._recv.close()
+
+    def abort_all(self, error: BraidError) -> None:
+        """Fail the run with ``error`` (the first error wins) and abort every driver now."""
+        if self.error is None:
+            self.error = error
+        assert self._inner is not None
+        self._inner.cancel_scope.cancel()
+
+    async def _supervise(self, send: trio.MemorySendChannel[Arrival], task_status=trio.TASK_STATUS_IGNORED) -> None:  # type: ignore[no-untyped-def]
+        with send:
+            async with trio.open_nursery() as inner:
+                for item in self.plan.items:
+                    inner.start_soon(self._drive, item, send.clone())
+                task_status.started(inner)
+
+    async def _drive(self, item: PlanItem, send: trio.MemorySendChannel[Arrival]) -> None:
+        m = self.metrics
+        finished = False
+        own_failure = False  # the engine ended this request itself: an error, not an abort
+        with send:
+            m.in_flight.inc()
+            m.engine_requests.inc()
+            try:
+                async with self.engine.open_request(item.request) as outputs:
+                    async for output in outputs:
+                        finished = output.finished
+                        with trio.move_on_after(self.stall_timeout) as scope:
+                            await send.send((item.prompt_idx, output))
+                        if scope.cancelled_caught:
+                            raise StreamStalled(
+                                f"The client read nothing for {self.stall_timeout:g} s; the request was aborted."
+                            )
+            except StreamStalled as err:
+                self.abort_all(err)
+            except BraidError as err:
+                own_failure = True
+                m.engine_errors.inc()
+                self.abort_all(err)
+            finally:
+                m.in_flight.dec()
+                if not finished and not own_failure:
+                    m.aborts.inc()
+
+    async def receive_ready(self) -> list[Arrival]:
+        """Wait for at least one output, then take every output that is ready (up to ``max_batch``).
+
+        Raises :class:`trio.EndOfChannel` when every driver is done, and the run's error, if it has
+        one, as soon as the consumer next asks: outputs still buffered then are dropped, as vLLM
+        sends nothing after an error.
+        """
+        assert self._recv is not None
+        if self.error is not None:
+            raise self.error
+        try:
+            first = await self._recv.receive()
+        except trio.EndOfChannel:
+            if self.error is not None:
+                raise self.error from None
+            raise
+        if self.error is not None:
+            raise self.error
+        batch = [first]
+        receive_nowait = self._recv.receive_nowait
+        try:
+            while len(batch) < self.max_batch:
+                batch.append(receive_nowait())
+        except (trio.WouldBlock, trio.EndOfChannel):
+            pass
+        return batch
+
+
+__all__ = ["CompletionRun"]

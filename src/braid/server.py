@@ -1,0 +1,80 @@
+"""Serve: run the app on hypercorn's trio backend from braid's own entry point.
+
+Not hypercorn's CLI: its worker processes are daemonic and cannot start vLLM's engine process,
+and with ``-w 0`` SIGTERM kills the process with no drain. Here SIGTERM or SIGINT starts a drain:
+``/health`` and new completions answer 503, in-flight responses get ``graceful_timeout`` seconds,
+then hypercorn cancels them, which aborts their engine requests (see :mod:`braid.run`).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+import attrs
+import hypercorn.config
+import hypercorn.trio
+import trio
+
+from braid.http.app import BraidApp
+
+log = logging.getLogger("braid")
+
+
+@attrs.frozen
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    graceful_timeout: float = 10.0
+    # Longer than nginx's upstream keepalive_timeout (60 s), so the proxy closes idle upstream
+    # connections first and never reuses one that hypercorn is closing.
+    keep_alive_timeout: float = 75.0
+    access_log: bool = False
+
+
+def hypercorn_config(cfg: ServerConfig) -> hypercorn.config.Config:
+    config = hypercorn.config.Config()
+    config.bind = [f"{cfg.host}:{cfg.port}"]
+    config.graceful_timeout = cfg.graceful_timeout
+    config.keep_alive_timeout = cfg.keep_alive_timeout
+    config.accesslog = "-" if cfg.access_log else None
+    return config
+
+
+async def serve(
+    app: BraidApp,
+    cfg: ServerConfig,
+    *,
+    shutdown: trio.Event | None = None,
+    handle_signals: bool = True,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until SIGTERM/SIGINT (or until ``shutdown`` is set), then drain; reports bound URLs.
+
+    Returns when hypercorn has closed every connection: after a drain every engine request that
+    the server started has finished or been aborted.
+    """
+
+    async def trigger() -> None:
+        async with trio.open_nursery() as nursery:
+
+            async def on_signal() -> None:
+                with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                    async for signum in signals:
+                        log.info("signal %s: draining for %.1f s", signum, cfg.graceful_timeout)
+                        break
+                nursery.cancel_scope.cancel()
+
+            async def on_event(event: trio.Event) -> None:
+                await event.wait()
+                nursery.cancel_scope.cancel()
+
+            if handle_signals:
+                nursery.start_soon(on_signal)
+            if shutdown is not None:
+                nursery.start_soon(on_event, shutdown)
+            if not handle_signals and shutdown is None:
+                await trio.sleep_forever()
+        app.state.draining = True
+
+    await hypercorn.trio.serve(app, hypercorn_config(cfg), shutdown_trigger=trigger, task_status=task_status)
