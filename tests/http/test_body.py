@@ -1,0 +1,53 @@
+"""CompletionStream (src/braid/http/body.py), driven the way quart drives a response body."""
+
+from __future__ import annotations
+
+import trio
+
+from braid.engine.scripted import ScriptedEngine
+from braid.http.body import CompletionStream
+from braid.merge import StreamMerger
+from braid.metrics import Metrics
+from braid.run import CompletionRun
+from tests.conftest import parse_sse
+from tests.test_run import plan_for
+
+
+async def _drain(body: CompletionStream) -> list[bytes]:
+    sends = []
+    async with body as b:
+        async for data in b:
+            sends.append(data)
+    return sends
+
+
+async def test_ready_events_are_coalesced_into_one_send() -> None:
+    engine = ScriptedEngine(token_delay=0.0)
+    plan = plan_for(engine, b'{"prompt": ' + str([f"p{i}" for i in range(16)]).replace("'", '"').encode() + b', "max_tokens": 16, "ignore_eos": true, "stream": true}')
+    body = CompletionStream(CompletionRun(engine, plan, Metrics()), StreamMerger(plan, engine.tokenizer), heartbeat=15)
+    sends = await _drain(body)
+    events = parse_sse(b"".join(sends))
+    assert sum(1 for e in events if isinstance(e, dict)) == 16 * 16
+    assert len(sends) < 16 * 16 / 4  # many events per body send under load
+    assert events[-1] == "[DONE]"
+
+
+async def test_idle_stream_sends_one_event_per_send(autojump_clock: trio.testing.MockClock) -> None:
+    engine = ScriptedEngine(token_delay=1.0)
+    plan = plan_for(engine, b'{"prompt": "x", "max_tokens": 5, "ignore_eos": true, "stream": true}')
+    body = CompletionStream(CompletionRun(engine, plan, Metrics()), StreamMerger(plan, engine.tokenizer), heartbeat=15)
+    sends = await _drain(body)
+    assert [len(parse_sse(s)) for s in sends] == [1, 1, 1, 1, 1, 1]  # 5 tokens, then [DONE]
+
+
+async def test_cancelled_body_aborts_and_writes_nothing_more(autojump_clock: trio.testing.MockClock) -> None:
+    engine = ScriptedEngine(token_delay=0.1)
+    plan = plan_for(engine, b'{"prompt": ["a","b","c"], "max_tokens": 100, "ignore_eos": true, "stream": true}')
+    body = CompletionStream(CompletionRun(engine, plan, Metrics()), StreamMerger(plan, engine.tokenizer), heartbeat=15)
+    sends: list[bytes] = []
+    with trio.move_on_after(1.05):  # a client disconnect reaches the body as cancellation
+        async with body as b:
+            async for data in b:
+                sends.append(data)
+    assert engine.in_flight == 0 and engine.aborted_total == 3
+    assert b"[DONE]" not in b"".join(sends)

@@ -1,0 +1,165 @@
+"""Cancellation through real hypercorn: every engine request of a batch ends when the batch does."""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+import pytest
+import trio
+
+from tests.conftest import LiveServer, parse_sse, start_server
+
+PROMPTS_64 = [f"prompt {i}" for i in range(64)]
+LONG = {"max_tokens": 2000, "ignore_eos": True}
+
+
+async def _stream_events_until(chunks, count: int) -> list[object]:  # type: ignore[no-untyped-def]
+    buf = b""
+    async for raw in chunks:
+        buf += raw
+        if buf.count(b"\n\n") >= count:
+            break
+    return parse_sse(buf[: buf.rindex(b"\n\n") + 2])
+
+
+async def test_stream_disconnect_aborts_all_64(nursery: trio.Nursery) -> None:
+    srv = await start_server(nursery, token_delay=0.01)
+    async with httpx.AsyncClient(base_url=srv.url) as client:
+        async with client.stream("POST", "/v1/completions", json={"prompt": PROMPTS_64, "stream": True, **LONG}) as r:
+            events = await _stream_events_until(r.aiter_raw(), 100)
+            assert len(events) >= 100 and srv.engine.in_flight == 64
+        # leaving the block closes the connection mid-stream
+        took = await srv.wait_idle(0.1)
+    assert srv.engine.aborted_total == 64 and len(set(srv.engine.aborted_ids)) == 64
+    assert srv.gauge("braid_engine_aborts_total") == 64
+    print(f"stream disconnect -> idle in {took * 1000:.1f} ms")
+    srv.shutdown.set()
+
+
+async def test_stream_error_in_prompt_17_aborts_siblings_at_once(nursery: trio.Nursery) -> None:
+    srv = await start_server(nursery, token_delay=0.005)
+    prompts = list(PROMPTS_64)
+    prompts[17] = "prompt 17 braid:fail@5"
+    async with httpx.AsyncClient(base_url=srv.url) as client:
+        async with client.stream("POST", "/v1/completions", json={"prompt": prompts, "stream": True, **LONG}) as r:
+            # Not reading: the siblings must be aborted by the failure itself, not by the consumer.
+            with trio.fail_after(5):
+                while srv.engine.failed_total == 0:
+                    await trio.sleep(0.001)
+            took = await srv.wait_idle(0.1)
+            events = parse_sse(await r.aread())
+    assert srv.engine.failed_total == 1 and srv.engine.aborted_total == 63
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    err = events[-2]
+    assert err["error"]["code"] == 500 and err["error"]["type"] == "InternalServerError"
+    assert not any(isinstance(e, dict) and "usage" in e and not e.get("choices") for e in events)
+    print(f"sibling failure -> idle in {took * 1000:.1f} ms")
+    srv.shutdown.set()
+
+
+async def test_non_stream_error_is_one_error_response(nursery: trio.Nursery) -> None:
+    srv = await start_server(nursery, token_delay=0.001)
+    prompts = ["a", "b braid:fail@3", "c", "d"]
+    async with httpx.AsyncClient(base_url=srv.url) as client:
+        r = await client.post("/v1/completions", json={"prompt": prompts, **LONG})
+    assert r.status_code == 500
+    assert r.json()["error"]["type"] == "InternalServerError"
+    assert srv.engine.in_flight == 0 and srv.engine.aborted_total == 3
+    srv.shutdown.set()
+
+
+async def test_non_stream_disconnect_aborts_all(nursery: trio.Nursery) -> None:
+    srv = await start_server(nursery, token_delay=0.01)
+    async with httpx.AsyncClient(base_url=srv.url) as client:
+        with trio.move_on_after(0.3):
+            await client.post("/v1/completions", json={"prompt": PROMPTS_64, **LONG})
+        assert srv.engine.in_flight == 64
+    took = await srv.wait_idle(0.1)
+    assert srv.engine.aborted_total == 64
+    print(f"non-stream disconnect -> idle in {took * 1000:.1f} ms")
+    srv.shutdown.set()
+
+
+async def test_client_that_stops_reading_is_aborted_after_stall_timeout(nursery: trio.Nursery) -> None:
+    srv = await start_server(nursery, token_delay=0.0, stall_timeout=0.3, buffer=8)
+    host, port = srv.url.removeprefix("http://").split(":")
+    sock = trio.socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    await sock.connect((host, int(port)))
+    stream = trio.SocketStream(sock)
+    body = b'{"prompt": ["x","y","z","w"], "stream": true, "max_tokens": 2000, "ignore_eos": true}'
+    await stream.send_all(
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        + f"content-length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    # never read: once the socket buffers fill, the drivers stall and abort their requests
+    with trio.fail_after(10):
+        while srv.engine.aborted_total < 4:
+            await trio.sleep(0.01)
+    assert srv.engine.in_flight == 0 and srv.engine.finished_total == 0
+    await stream.aclose()
+    srv.shutdown.set()
+
+
+async def test_idle_stream_sends_heartbeat_comments(nursery: trio.Nursery) -> None:
+    srv = await start_server(nursery, token_delay=0.12, heartbeat=0.05)
+    async with httpx.AsyncClient(base_url=srv.url) as client:
+        async with client.stream("POST", "/v1/completions", json={"prompt": "x", "stream": True, "max_tokens": 3, "ignore_eos": True}) as r:
+            events = parse_sse(await r.aread())
+    assert ":" in events and events[-1] == "[DONE]"
+    assert sum(1 for e in events if isinstance(e, dict)) == 3
+    srv.shutdown.set()
+
+
+async def test_drain_refuses_new_work_then_cancels_in_flight_streams(nursery: trio.Nursery) -> None:
+    srv = await start_server(nursery, token_delay=0.01)  # graceful_timeout is 1 s
+    async with httpx.AsyncClient(base_url=srv.url) as client:
+        async with client.stream("POST", "/v1/completions", json={"prompt": PROMPTS_64[:8], "stream": True, **LONG}) as r:
+            chunks = r.aiter_raw()
+            await _stream_events_until(chunks, 10)
+            srv.shutdown.set()
+            start = trio.current_time()
+            with trio.fail_after(5):
+                while not srv.app.state.draining:
+                    await trio.sleep(0.001)
+            with pytest.raises(httpx.HTTPError):
+                async for _ in chunks:
+                    pass
+            waited = trio.current_time() - start
+    assert 0.9 <= waited <= 3.0  # cut after graceful_timeout, not before
+    assert srv.engine.in_flight == 0 and srv.engine.aborted_total == 8
+
+
+async def test_health_is_503_while_draining(server: LiveServer, client: httpx.AsyncClient) -> None:
+    server.app.state.draining = True
+    assert (await client.get("/health")).status_code == 503
+    r = await client.post("/v1/completions", json={"prompt": "x"})
+    assert r.status_code == 503 and r.json()["error"]["type"] == "ServiceUnavailableError"
+
+
+async def test_idle_keep_alive_connection_is_closed_by_the_server(nursery: trio.Nursery) -> None:
+    """quart-trio cancels hypercorn's keep-alive timer unless the final send is shielded."""
+    from functools import partial
+
+    from braid.engine.scripted import ScriptedEngine
+    from braid.http.app import create_app
+    from braid.server import ServerConfig, serve
+
+    app = create_app(ScriptedEngine())
+    shutdown = trio.Event()
+    cfg = ServerConfig(port=0, keep_alive_timeout=0.3, graceful_timeout=0.5)
+    (url,) = await nursery.start(partial(serve, app, cfg, shutdown=shutdown, handle_signals=False))
+    host, port = url.removeprefix("http://").split(":")
+    stream = await trio.open_tcp_stream(host, int(port))
+    await stream.send_all(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    got = b""
+    with trio.fail_after(3):
+        while True:
+            data = await stream.receive_some()
+            if not data:
+                break  # the server closed the idle connection
+            got += data
+    assert got.startswith(b"HTTP/1.1 200")
+    shutdown.set()

@@ -1,0 +1,190 @@
+"""/v1/completions through real hypercorn: batches, JSON and SSE, echo/logprobs, bad input."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.conftest import LiveServer, parse_sse
+
+pytestmark = pytest.mark.usefixtures("server")
+
+
+async def test_batch_json_returns_choices_in_prompt_order_with_summed_usage(client: httpx.AsyncClient, server: LiveServer) -> None:
+    body = {"model": "scripted", "prompt": ["Hello", "World"], "max_tokens": 4, "temperature": 0}
+    r = await client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    data = r.json()
+    assert data["object"] == "text_completion" and data["id"].startswith("cmpl-")
+    assert [c["index"] for c in data["choices"]] == [0, 1]
+    prompt_tokens = sum(len(server.engine.tokenizer.encode(p)) for p in body["prompt"])
+    # Scripted tokens are one character each; a "stop" here is EOS, one token with no text.
+    completion_tokens = sum(len(c["text"]) + (c["finish_reason"] == "stop") for c in data["choices"])
+    assert data["usage"] == {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": None,
+    }
+    assert all(c["finish_reason"] in {"stop", "length"} for c in data["choices"])
+
+
+async def test_batch_stream_indices_one_usage_chunk_one_done(client: httpx.AsyncClient) -> None:
+    body = {
+        "prompt": ["Hello", "World"],
+        "max_tokens": 4,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    async with client.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        assert r.headers["cache-control"] == "no-cache"
+        assert r.headers["x-accel-buffering"] == "no"
+        raw = await r.aread()
+    events = parse_sse(raw)
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    usage_events = [e for e in events if isinstance(e, dict) and e.get("usage")]
+    assert len(usage_events) == 1 and usage_events[0]["choices"] == [] and events[-2] is usage_events[0]
+    chunks = [e for e in events if isinstance(e, dict) and e["choices"]]
+    assert all(len(e["choices"]) == 1 for e in chunks)
+    assert {e["choices"][0]["index"] for e in chunks} == {0, 1}
+    for i in (0, 1):
+        reasons = [e["choices"][0]["finish_reason"] for e in chunks if e["choices"][0]["index"] == i]
+        assert reasons[-1] is not None and all(x is None for x in reasons[:-1])
+    # the same request without streaming gives the same texts (the scripted engine is deterministic)
+    body.pop("stream_options")
+    body["stream"] = False
+    whole = (await client.post("/v1/completions", json=body)).json()
+    for c in whole["choices"]:
+        streamed = "".join(e["choices"][0]["text"] for e in chunks if e["choices"][0]["index"] == c["index"])
+        assert streamed == c["text"]
+    assert usage_events[0]["usage"] == {k: whole["usage"][k] for k in ("prompt_tokens", "total_tokens", "completion_tokens")}
+
+
+async def test_n_and_token_id_batches_use_global_indices(client: httpx.AsyncClient) -> None:
+    body = {"prompt": [[5, 6, 7], [8], [9, 10]], "n": 3, "max_tokens": 3, "seed": 7, "stream": True}
+    async with client.stream("POST", "/v1/completions", json=body) as r:
+        events = parse_sse(await r.aread())
+    indices = {e["choices"][0]["index"] for e in events if isinstance(e, dict) and e["choices"]}
+    assert indices == set(range(9))
+    assert "usage" not in events[-2]  # no usage chunk unless asked
+
+
+async def test_echo_logprobs_single_token_prompt(client: httpx.AsyncClient) -> None:
+    body = {"prompt": [[72]], "echo": True, "logprobs": 2, "max_tokens": 2, "ignore_eos": True}
+    c = (await client.post("/v1/completions", json=body)).json()["choices"][0]
+    lp = c["logprobs"]
+    assert c["text"].startswith("E")  # id 72 is the byte 69, "E"
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert len(lp["tokens"]) == 3  # the unscored prompt token + 2 generated
+    assert all(1 <= len(t) <= 3 for t in lp["top_logprobs"][1:])
+    assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:j]) for j in range(3)]
+    assert c["prompt_logprobs"][0] is None and len(c["prompt_logprobs"]) == 1
+
+
+async def test_streamed_echo_offsets_match_non_streamed(client: httpx.AsyncClient) -> None:
+    body = {"prompt": ["abc", "de"], "echo": True, "logprobs": 1, "max_tokens": 5, "seed": 3}
+    whole = (await client.post("/v1/completions", json=body)).json()
+    async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        events = parse_sse(await r.aread())
+    for c in whole["choices"]:
+        parts = [e["choices"][0] for e in events if isinstance(e, dict) and e["choices"] and e["choices"][0]["index"] == c["index"]]
+        assert "".join(p["text"] for p in parts) == c["text"]
+        assert [o for p in parts for o in p["logprobs"]["text_offset"]] == c["logprobs"]["text_offset"]
+        assert [t for p in parts for t in p["logprobs"]["tokens"]] == c["logprobs"]["tokens"]
+
+
+BAD_BODIES = [
+    ({"prompt": []}, "prompt"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": [[]]}, "prompt"),
+    ({"prompt": [1, "a"]}, "prompt"),
+    ({"prompt": [[1], "a"]}, "prompt"),
+    ({"prompt": [["a"]]}, "prompt"),
+    ({"prompt": {"x": 1}}, "prompt"),
+    ({"prompt": 3}, "prompt"),
+    ({"prompt": [1, 2.0]}, "prompt"),
+    ({"prompt": [[1], [True]]}, "prompt"),
+    ({"prompt": [-1]}, "prompt"),
+    ({"prompt": [999999]}, "prompt"),
+    ({"prompt": ["x"] * 1025}, "prompt"),
+    ({"prompt": "x", "suffix": "y"}, None),
+    ({"prompt": "x", "n": 2, "temperature": 0}, None),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 100000}, "max_tokens"),
+    ({"prompt": "x" * 3000}, "input_tokens"),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"prompt": "x", "logprobs": 21}, "logprobs"),
+    ({"prompt": "x", "n": 2.0}, "n"),
+    ({"prompt": "x", "temperature": "hot"}, "temperature"),
+    ({"prompt": "x", "stop": [""]}, "stop"),
+    ({"prompt": "x", "stream": True, "prompt_logprobs": 1}, "prompt_logprobs"),
+]
+
+
+@pytest.mark.parametrize(("body", "param"), BAD_BODIES)
+async def test_bad_input_is_a_400_in_vllm_error_shape(client: httpx.AsyncClient, server: LiveServer, body: dict, param: str | None) -> None:
+    for stream in (False, True):
+        r = await client.post("/v1/completions", json={**body, "stream": stream} if stream and "stream_options" not in body else body)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert list(err) == ["message", "type", "param", "code"]
+        assert err["code"] == 400 and err["type"] in {"BadRequestError", "Bad Request"}
+        assert err["param"] == param and err["message"]
+    assert server.engine.finished_total == 0 and server.engine.in_flight == 0  # no engine work was started
+
+
+@pytest.mark.parametrize(
+    ("content", "headers"),
+    [
+        (b'{"prompt": ', {"content-type": "application/json"}),
+        (b"[1, 2]", {"content-type": "application/json"}),
+        (b'{"prompt": "x"}', {"content-type": "text/plain"}),
+        (b'{"prompt": "x"}', {}),
+    ],
+)
+async def test_malformed_bodies_get_json_400(client: httpx.AsyncClient, content: bytes, headers: dict) -> None:
+    r = await client.post("/v1/completions", content=content, headers=headers)
+    assert r.status_code == 400 and r.headers["content-type"] == "application/json"
+    assert r.json()["error"]["code"] == 400
+
+
+async def test_unknown_model_is_404(client: httpx.AsyncClient) -> None:
+    r = await client.post("/v1/completions", json={"model": "nope", "prompt": "x"})
+    assert r.status_code == 404
+    assert r.json()["error"] == {"message": "The model `nope` does not exist.", "type": "NotFoundError", "param": "model", "code": 404}
+
+
+async def test_unknown_route_and_method_are_json(client: httpx.AsyncClient) -> None:
+    r = await client.get("/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["code"] == 404
+    r = await client.get("/v1/completions")
+    assert r.status_code == 405 and r.json()["error"]["code"] == 405
+
+
+async def test_late_engine_rejection(client: httpx.AsyncClient, server: LiveServer) -> None:
+    body = {"prompt": ["fine", "braid:invalid", "also fine"], "max_tokens": 50, "ignore_eos": True}
+    r = await client.post("/v1/completions", json=body)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "BadRequestError"
+    async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        assert r.status_code == 200  # committed before the engine looked at the prompt
+        events = parse_sse(await r.aread())
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    assert events[-2]["error"]["code"] == 400 and events[-2]["error"]["param"] == "prompt"
+    await server.wait_idle(0.25)
+
+
+async def test_models_health_version_metrics(client: httpx.AsyncClient) -> None:
+    models = (await client.get("/v1/models")).json()
+    assert models["object"] == "list"
+    card = models["data"][0]
+    assert card["id"] == "scripted" and card["max_model_len"] == 2048 and card["root"]
+    assert (await client.get("/health")).status_code == 200
+    assert (await client.get("/version")).json()["version"]
+    await client.post("/v1/completions", json={"prompt": ["a", "b", "c"], "max_tokens": 2})
+    text = (await client.get("/metrics")).text
+    assert "braid_engine_requests_in_flight 0.0" in text
+    assert "braid_engine_aborts_total 0.0" in text
+    assert "braid_engine_requests_total 3.0" in text

@@ -1,0 +1,90 @@
+"""CompletionRun (src/braid/run.py) on the scripted engine, in virtual time."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from braid.engine.scripted import ScriptedEngine
+from braid.errors import EngineError, StreamStalled
+from braid.metrics import Metrics
+from braid.plan import Plan, make_plan
+from braid.request import Limits, parse_request
+from braid.run import CompletionRun
+
+
+def plan_for(engine: ScriptedEngine, body: bytes) -> Plan:
+    req = parse_request(body, Limits(vocab_size=engine.info.vocab_size))
+    return make_plan(req, engine.info, engine.tokenizer, request_id="cmpl-t", created=0)
+
+
+PROMPTS = b'["p0","p1","p2 braid:fail@5","p3","p4","p5","p6","p7"]'
+
+
+async def test_a_failure_aborts_siblings_without_any_consumer(autojump_clock: trio.testing.MockClock) -> None:
+    engine = ScriptedEngine(token_delay=0.01)
+    plan = plan_for(engine, b'{"prompt": ' + PROMPTS + b', "max_tokens": 1000, "ignore_eos": true}')
+    run = CompletionRun(engine, plan, Metrics(), buffer=1024, stall_timeout=1000)
+    async with run:
+        # Nobody reads: the siblings must be aborted by the failing driver itself.
+        await trio.sleep(1)
+        assert engine.failed_total == 1 and engine.in_flight == 0 and engine.aborted_total == 7
+        assert isinstance(run.error, EngineError)
+        with pytest.raises(EngineError):
+            await run.receive_ready()
+
+
+async def test_cancelling_the_run_aborts_every_request_once(autojump_clock: trio.testing.MockClock) -> None:
+    engine = ScriptedEngine(token_delay=0.01)
+    plan = plan_for(engine, b'{"prompt": ["a","b","c","d"], "n": 2, "max_tokens": 1000, "ignore_eos": true}')
+    metrics = Metrics()
+    with trio.move_on_after(0.5):
+        async with CompletionRun(engine, plan, metrics) as run:
+            while True:
+                await run.receive_ready()
+    assert engine.in_flight == 0
+    assert sorted(engine.aborted_ids) == [f"cmpl-t-{i}" for i in range(4)]
+    assert metrics.registry.get_sample_value("braid_engine_aborts_total") == 4
+    assert metrics.registry.get_sample_value("braid_engine_requests_in_flight") == 0
+
+
+async def test_a_stalled_consumer_fails_the_run_after_the_stall_timeout(autojump_clock: trio.testing.MockClock) -> None:
+    engine = ScriptedEngine(token_delay=0.0)
+    plan = plan_for(engine, b'{"prompt": ["a","b"], "max_tokens": 1000, "ignore_eos": true}')
+    run = CompletionRun(engine, plan, Metrics(), buffer=4, stall_timeout=2.0)
+    async with run:
+        await trio.sleep(1.9)
+        assert engine.in_flight == 2  # blocked on the full buffer, not yet stalled
+        await trio.sleep(0.2)
+        assert engine.in_flight == 0 and engine.aborted_total == 2
+        with pytest.raises(StreamStalled):
+            await run.receive_ready()
+
+
+async def test_receive_ready_takes_everything_ready_at_once() -> None:
+    engine = ScriptedEngine(token_delay=0.0)
+    plan = plan_for(engine, b'{"prompt": ["a","b","c","d"], "max_tokens": 8, "ignore_eos": true}')
+    sizes = []
+    async with CompletionRun(engine, plan, Metrics(), buffer=64) as run:
+        await trio.testing.wait_all_tasks_blocked()
+        while True:
+            try:
+                sizes.append(len(await run.receive_ready()))
+            except trio.EndOfChannel:
+                break
+    assert sum(sizes) == 4 * 8
+    assert max(sizes) > 1 and len(sizes) < 32
+
+
+async def test_a_finished_run_leaves_no_request_behind() -> None:
+    engine = ScriptedEngine(token_delay=0.0)
+    plan = plan_for(engine, b'{"prompt": ["a","b","c"], "n": 3, "max_tokens": 5}')
+    metrics = Metrics()
+    async with CompletionRun(engine, plan, metrics) as run:
+        while True:
+            try:
+                await run.receive_ready()
+            except trio.EndOfChannel:
+                break
+    assert engine.finished_total == 3 and engine.aborted_total == 0 and engine.in_flight == 0
+    assert metrics.registry.get_sample_value("braid_engine_aborts_total") == 0
