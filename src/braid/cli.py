@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+import attrs
 import trio
 
 from braid.engine.scripted import ScriptedEngine
@@ -40,8 +41,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = ScriptedEngine(token_delay=args.token_delay)
     if args.served_model_name or args.max_model_len:
-        import attrs
-
         engine.info = attrs.evolve(
             engine.info,
             name=args.served_model_name or engine.info.name,

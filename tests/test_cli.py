@@ -1,0 +1,105 @@
+"""``braid serve`` as a user runs it: a subprocess on loopback, the official openai client, SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(*args: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "braid", "serve", "--port", str(port), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"braid serve did not start: {proc.stdout.read().decode() if proc.stdout else ''}")
+
+
+@pytest.fixture(scope="module")
+def braid_url() -> Iterator[str]:
+    proc, url = _start("--engine", "scripted", "--token-delay", "0.001")
+    yield url
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 0
+
+
+def test_openai_client_list_prompts(braid_url: str) -> None:
+    client = openai.OpenAI(base_url=braid_url + "/v1", api_key="unused", max_retries=0)
+    done = client.completions.create(model="scripted", prompt=["Hello", "World", "!"], max_tokens=5, seed=1)
+    assert [c.index for c in done.choices] == [0, 1, 2]
+    assert done.usage is not None and done.usage.total_tokens == done.usage.prompt_tokens + done.usage.completion_tokens
+
+    stream = client.completions.create(
+        model="scripted", prompt=["Hello", "World", "!"], max_tokens=5, seed=1, stream=True,
+        stream_options={"include_usage": True},
+    )
+    texts: dict[int, str] = {}
+    usage = []
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage.append(chunk.usage)
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+    assert texts == {c.index: c.text for c in done.choices}
+    assert len(usage) == 1 and usage[0].completion_tokens == done.usage.completion_tokens
+
+
+def test_openai_client_token_id_batch_and_errors(braid_url: str) -> None:
+    client = openai.OpenAI(base_url=braid_url + "/v1", api_key="unused", max_retries=0)
+    done = client.completions.create(model="scripted", prompt=[[10, 11, 12], [13]], max_tokens=3, n=2, seed=5)
+    assert [c.index for c in done.choices] == [0, 1, 2, 3]
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.completions.create(model="scripted", prompt=[[1, 2], [3, -4]], max_tokens=3)
+    assert "prompt[1][1]" in str(exc.value)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-4", prompt="x")
+
+
+def test_sigterm_drains_then_exits_cleanly() -> None:
+    proc, url = _start("--token-delay", "0.01", "--graceful-timeout", "1")
+    with httpx.Client(base_url=url, timeout=10) as client:
+        with client.stream(
+            "POST", "/v1/completions",
+            json={"prompt": ["a", "b"], "max_tokens": 2000, "ignore_eos": True, "stream": True},
+        ) as r:
+            it = r.iter_raw()
+            next(it)
+            started = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            with pytest.raises(httpx.HTTPError):
+                for _ in it:
+                    pass
+            cut_after = time.monotonic() - started
+    assert proc.wait(10) == 0
+    assert 0.8 <= cut_after <= 5, cut_after
+    log = proc.stdout.read().decode() if proc.stdout else ""
+    assert "draining" in log and "Traceback" not in log, log
+
+
+def test_curl_style_request(braid_url: str) -> None:
+    r = httpx.post(braid_url + "/v1/completions", json={"model": "scripted", "prompt": ["Hello", "World"], "max_tokens": 4, "temperature": 0})
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2
