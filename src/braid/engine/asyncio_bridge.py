@@ -1,0 +1,244 @@
+"""Bridge: drive asyncio async generators (vLLM's ``AsyncLLM.generate``) from Trio tasks.
+
+:func:`open_asyncio_thread` starts an asyncio event loop in a thread that braid owns and stops it
+on exit. :meth:`AsyncioThread.open_stream` runs one async generator on that loop and delivers its
+items to the calling Trio task:
+
+* **Push with credits.** A pump task on the loop iterates the generator and appends each item to a
+  deque, which the Trio side reads; at most ``window`` items are undelivered at once, after which
+  the pump waits for credits (vLLM keeps merging deltas meanwhile, so nothing is lost). A burst
+  of items costs one Trio wake-up (``TrioToken.run_sync_soon``), and a batch of reads returns its
+  credits with one ``call_soon_threadsafe``. The asyncio thread never blocks on Trio.
+* **Abort.** The generator is iterated inside ``contextlib.aclosing``, so cancelling the pump
+  closes the generator even while the pump waits for credits; vLLM's ``generate`` then aborts
+  the request. Leaving :meth:`open_stream`'s block early cancels the pump and waits (shielded,
+  at most ``abort_timeout`` seconds) until the pump has finished: when the block is left, the
+  abort has run.
+* **Errors.** An exception from the generator is raised in the Trio task by ``map_error(exc)``,
+  which turns engine exceptions into braid's error types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, Generic, TypeVar
+
+import attrs
+import trio
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+_END = object()
+
+
+@attrs.frozen
+class _Failure:
+    exc: BaseException
+
+
+@attrs.define(eq=False)
+class _Stream(Generic[T]):
+    """One generator's items, crossing from the asyncio thread to one Trio task."""
+
+    _loop: asyncio.AbstractEventLoop
+    _token: trio.lowlevel.TrioToken
+    _window: int
+    _map_error: Callable[[BaseException], BaseException]
+    _items: collections.deque[object] = attrs.Factory(collections.deque)
+    _lock: threading.Lock = attrs.Factory(threading.Lock)
+    _wakeup: trio.Event = attrs.Factory(trio.Event)
+    _wakeup_pending: bool = False
+    _credits: asyncio.Semaphore | None = None
+    _ended: bool = False
+    _failure: BaseException | None = None
+    _task: asyncio.Task[None] | None = None
+    _cancelled: bool = False
+    _finished: trio.Event = attrs.Factory(trio.Event)
+
+    # ---- asyncio thread
+
+    async def run(self, make_agen: Callable[[], AsyncIterator[T]]) -> None:
+        """The pump task's body; always tells the Trio side when it has finished."""
+        try:
+            if self._cancelled:
+                return  # cancelled before it started: no generator was made
+            self._task = asyncio.current_task()
+            await self._pump(make_agen())
+        finally:
+            try:
+                self._token.run_sync_soon(self._finished.set)
+            except trio.RunFinishedError:
+                pass
+
+    def cancel_pump(self) -> None:
+        """On the loop: cancel the pump (or make sure it never starts)."""
+        self._cancelled = True
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _pump(self, agen: AsyncIterator[T]) -> None:
+        self._credits = asyncio.Semaphore(self._window)
+        try:
+            async with contextlib.aclosing(agen) as gen:  # type: ignore[type-var]
+                async for item in gen:
+                    self._deliver(item)
+                    await self._credits.acquire()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - delivered to the Trio side, which raises it
+            self._deliver(_Failure(exc))
+        else:
+            self._deliver(_END)
+
+    def _deliver(self, item: object) -> None:
+        with self._lock:
+            self._items.append(item)
+            if self._wakeup_pending:
+                return
+            self._wakeup_pending = True
+            wakeup = self._wakeup
+        try:
+            self._token.run_sync_soon(wakeup.set)
+        except trio.RunFinishedError:
+            pass
+
+    def _release(self, count: int) -> None:
+        assert self._credits is not None
+        for _ in range(count):
+            self._credits.release()
+
+    # ---- Trio side
+
+    async def receive_batch(self) -> list[T]:
+        """Every item that is ready (at least one); raises ``trio.EndOfChannel`` at the end.
+
+        A failure is raised after the items that came before it have been returned.
+        """
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            self._ended = True
+            raise self._map_error(failure) from failure
+        if self._ended:
+            raise trio.EndOfChannel
+        while True:
+            with self._lock:
+                if self._items:
+                    items = list(self._items)
+                    self._items.clear()
+                    break
+                self._wakeup = trio.Event()
+                self._wakeup_pending = False
+                wakeup = self._wakeup
+            await wakeup.wait()
+        out: list[T] = []
+        for item in items:
+            if item is _END:
+                self._ended = True
+                break
+            if isinstance(item, _Failure):
+                self._failure = item.exc
+                break
+            out.append(item)  # type: ignore[arg-type]
+        if out:
+            self._loop.call_soon_threadsafe(self._release, len(out))
+            return out
+        return await self.receive_batch()
+
+    async def wait_finished(self) -> None:
+        await self._finished.wait()
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+
+@attrs.define(eq=False)
+class AsyncioThread:
+    """An asyncio event loop running in a thread owned by braid."""
+
+    loop: asyncio.AbstractEventLoop
+    token: trio.lowlevel.TrioToken
+    window: int = 8
+    abort_timeout: float = 5.0
+
+    async def run(self, fn: Callable[..., Coroutine[Any, Any, R]], *args: Any) -> R:
+        """Run ``fn(*args)`` on the loop and return its result or raise its exception.
+
+        Cancelling the calling Trio task cancels the coroutine and waits (shielded, at most
+        ``abort_timeout``) until it has finished.
+        """
+        done = trio.Event()
+        outcome: list[Any] = []
+        token = self.token
+
+        async def call() -> None:
+            try:
+                outcome.append((True, await fn(*args)))
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the Trio task
+                outcome.append((False, exc))
+            finally:
+                try:
+                    token.run_sync_soon(done.set)
+                except trio.RunFinishedError:
+                    pass
+
+        fut = asyncio.run_coroutine_threadsafe(call(), self.loop)
+        try:
+            await done.wait()
+        except BaseException:
+            fut.cancel()
+            with trio.CancelScope(shield=True), trio.move_on_after(self.abort_timeout):
+                await done.wait()
+            raise
+        ok, value = outcome[0]
+        if not ok:
+            raise value
+        return value
+
+    @contextlib.asynccontextmanager
+    async def open_stream(
+        self,
+        make_agen: Callable[[], AsyncIterator[T]],
+        map_error: Callable[[BaseException], BaseException] = lambda e: e,
+    ) -> AsyncIterator[_Stream[T]]:
+        """Run ``make_agen()`` on the loop; leaving the block before its end aborts it (see module doc)."""
+        stream: _Stream[T] = _Stream(self.loop, self.token, self.window, map_error)
+        asyncio.run_coroutine_threadsafe(stream.run(make_agen), self.loop)
+        try:
+            yield stream
+        finally:
+            # The concurrent future of run_coroutine_threadsafe reports "done" as soon as it is
+            # cancelled, before the task has run its cleanup; so cancel the task ourselves and
+            # wait for the pump's own signal that it has finished.
+            self.loop.call_soon_threadsafe(stream.cancel_pump)
+            with trio.CancelScope(shield=True), trio.move_on_after(self.abort_timeout):
+                await stream.wait_finished()
+
+
+@contextlib.asynccontextmanager
+async def open_asyncio_thread(*, window: int = 8, abort_timeout: float = 5.0) -> AsyncIterator[AsyncioThread]:
+    """Start an asyncio loop in a new thread; on exit stop it and join the thread (in a worker thread)."""
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+
+    def main() -> None:
+        asyncio.set_event_loop(loop)
+        loop.call_soon(ready.set)
+        loop.run_forever()
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+    thread = threading.Thread(target=main, name="braid-asyncio", daemon=True)
+    thread.start()
+    await trio.to_thread.run_sync(ready.wait)
+    try:
+        yield AsyncioThread(loop, trio.lowlevel.current_trio_token(), window, abort_timeout)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(thread.join, abort_timeout)
