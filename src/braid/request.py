@@ -275,7 +275,9 @@ def _check_fields(b: _Body, limits: Limits) -> None:
         raise _bad("best_of is not supported by braid (it must equal n when given).", "best_of")
     if b.priority != 0:
         raise _bad("priority scheduling is not enabled; priority must be 0.", "priority")
-    if b.stream_options and not (b.stream_options.include_usage is None and b.stream_options.continuous_usage_stats is None) and not b.stream:
+    so = b.stream_options
+    if so is not None and (so.include_usage is not None or so.continuous_usage_stats is not None) and not b.stream:
+        # vLLM checks the truthiness of the dict: `{}` is allowed without `stream`.
         raise SchemaError("Stream options can only be defined when `stream=True`.", param="stream_options")
     if b.n < 1 or b.n > limits.max_n:
         raise _bad(f"n must be between 1 and {limits.max_n}, got {b.n}.", "n")

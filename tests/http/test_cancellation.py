@@ -163,3 +163,13 @@ async def test_idle_keep_alive_connection_is_closed_by_the_server(nursery: trio.
             got += data
     assert got.startswith(b"HTTP/1.1 200")
     shutdown.set()
+
+
+async def test_quarts_response_timeout_does_not_cut_streams(nursery: trio.Nursery) -> None:
+    srv = await start_server(nursery, token_delay=0.05)
+    srv.app.config["RESPONSE_TIMEOUT"] = 0.2
+    async with httpx.AsyncClient(base_url=srv.url) as client:
+        async with client.stream("POST", "/v1/completions", json={"prompt": "x", "stream": True, "max_tokens": 10, "ignore_eos": True}) as r:
+            events = parse_sse(await r.aread())
+    assert events[-1] == "[DONE]" and sum(1 for e in events if isinstance(e, dict)) == 10
+    srv.shutdown.set()

@@ -8,7 +8,8 @@ Choice ``k`` of a request generates a seeded function of (seed, prompt ids, k, s
 ``temperature == 0`` every choice is the same greedy sequence. Unless ``ignore_eos``, a step
 after ``min_tokens`` emits EOS with probability 1/24. Stop strings (with vLLM's hold-back of
 text that may still become a stop string), stop token ids, ``logprobs`` and ``prompt_logprobs``
-are honoured. Each token is one delta, produced ``token_delay`` seconds after the previous one.
+are honoured; the other sampling parameters (top_p, penalties, logit_bias...) are accepted and
+have no effect here. Each token is one delta, produced ``token_delay`` seconds after the previous one.
 
 Fault hooks, read from the prompt's text (token-id prompts are decoded first):
 
