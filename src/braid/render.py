@@ -45,7 +45,8 @@ class ChoiceChunk:
 @attrs.define
 class _ChoiceState:
     started: bool = False
-    text_len: int = 0
+    offset: int = 0
+    """The next token's ``text_offset``: offsets add up token strings, in both modes."""
     tokens: int = 0
     finished: bool = False
 
@@ -152,10 +153,11 @@ class ChoiceRenderer:
             logprobs = None
             if plan.logprobs is not None:
                 logprobs = render_logprobs(
-                    ids, steps, top=plan.logprobs, offset=state.text_len, tokenizer=self.tokenizer,
+                    ids, steps, top=plan.logprobs, offset=state.offset, tokenizer=self.tokenizer,
                     as_ids=plan.tokens_as_ids,
                 )
-            state.text_len += len(text)
+                if logprobs.tokens:
+                    state.offset = logprobs.text_offset[-1] + len(logprobs.tokens[-1])
             prompt_lps = None
             if first and plan.prompt_logprobs is not None and not plan.stream:
                 prompt_lps = render_prompt_logprobs(self._prompt_steps[prompt_idx] or ())

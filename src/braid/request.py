@@ -152,6 +152,11 @@ def _bad(message: str, param: str | None = None) -> InvalidRequest:
     return InvalidRequest(message, param=param)
 
 
+def _schema(message: str, param: str | None = None) -> SchemaError:
+    """What vLLM's pydantic layer rejects (type "Bad Request"), as opposed to a BadRequestError."""
+    return SchemaError(message, param=param)
+
+
 def decode_body(body: bytes) -> _Body:
     try:
         return _DECODER.decode(body)
@@ -182,9 +187,9 @@ def _type_name(value: object) -> str:
 
 def _token_id(value: object, where: str, vocab_size: int) -> int:
     if type(value) is not int:
-        raise _bad(f"{where}: token ids must be integers, got {_type_name(value)}.", "prompt")
+        raise _schema(f"{where}: token ids must be integers, got {_type_name(value)}.", "prompt")
     if value < 0:
-        raise _bad(f"{where}: token id {value} is negative.", "prompt")
+        raise _schema(f"{where}: token id {value} is negative.", "prompt")
     if value >= vocab_size:
         raise _bad(f"{where}: token id {value} is out of vocabulary (vocabulary size {vocab_size}).", "prompt")
     return value
@@ -200,38 +205,38 @@ def parse_prompts(value: object, limits: Limits) -> tuple[Prompt, ...]:
     ``"text"`` and ``[1, 2]`` are one prompt; ``["a", "b"]`` and ``[[1], [2]]`` are a batch.
     """
     if value is None or value == "" or value == []:
-        raise _bad(_EMPTY, "prompt")
+        raise _schema(_EMPTY, "prompt")
     if isinstance(value, str):
         return (TextPrompt(value),)
     if not isinstance(value, list):
-        raise _bad(f"prompt must be {_SHAPES}; got {_type_name(value)}.", "prompt")
+        raise _schema(f"prompt must be {_SHAPES}; got {_type_name(value)}.", "prompt")
     first = value[0]
     if isinstance(first, str):
         for i, p in enumerate(value):
             if not isinstance(p, str):
-                raise _bad(f"prompt[{i}]: a list of strings cannot hold {_type_name(p)}; prompt must be {_SHAPES}.", "prompt")
+                raise _schema(f"prompt[{i}]: a list of strings cannot hold {_type_name(p)}; prompt must be {_SHAPES}.", "prompt")
         prompts: tuple[Prompt, ...] = tuple(TextPrompt(p) for p in value)
     elif isinstance(first, list):
         out: list[Prompt] = []
         for i, p in enumerate(value):
             if not isinstance(p, list):
-                raise _bad(f"prompt[{i}]: a list of token-id lists cannot hold {_type_name(p)}; prompt must be {_SHAPES}.", "prompt")
+                raise _schema(f"prompt[{i}]: a list of token-id lists cannot hold {_type_name(p)}; prompt must be {_SHAPES}.", "prompt")
             if not p:
                 raise _bad(f"prompt[{i}]: the token-id list is empty (the decoder prompt cannot be empty).", "prompt")
             for j, t in enumerate(p):
                 if isinstance(t, list | dict):
-                    raise _bad(f"prompt[{i}][{j}]: token ids must be integers, got {_type_name(t)}.", "prompt")
+                    raise _schema(f"prompt[{i}][{j}]: token ids must be integers, got {_type_name(t)}.", "prompt")
             out.append(TokenPrompt(tuple(_token_id(t, f"prompt[{i}][{j}]", limits.vocab_size) for j, t in enumerate(p))))
         prompts = tuple(out)
     else:
         ids = []
         for j, t in enumerate(value):
             if isinstance(t, str | list | dict):
-                raise _bad(f"prompt[{j}]: a list of token ids cannot hold {_type_name(t)}; prompt must be {_SHAPES}.", "prompt")
+                raise _schema(f"prompt[{j}]: a list of token ids cannot hold {_type_name(t)}; prompt must be {_SHAPES}.", "prompt")
             ids.append(_token_id(t, f"prompt[{j}]", limits.vocab_size))
         return (TokenPrompt(tuple(ids)),)
     if len(prompts) > limits.max_prompts:
-        raise _bad(
+        raise _schema(
             f"prompt list length {len(prompts)} exceeds the maximum allowed count of {limits.max_prompts}.",
             "prompt",
         )
@@ -307,7 +312,7 @@ def _check_fields(b: _Body, limits: Limits) -> None:
         if asked > limits.max_logprobs:
             raise _bad(f"Requested {name} of {asked}, which is greater than the maximum allowed: {limits.max_logprobs}.", name)
     if b.stream and b.prompt_logprobs is not None and b.prompt_logprobs != 0:
-        raise _bad("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
+        raise _schema("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
     stops = [b.stop] if isinstance(b.stop, str) else (b.stop or [])
     if any(s == "" for s in stops):
         raise _bad("stop cannot contain an empty string.", "stop")
@@ -324,7 +329,7 @@ def _check_fields(b: _Body, limits: Limits) -> None:
     max_tokens = 16 if b.max_tokens is None else b.max_tokens
     if b.min_tokens > max(max_tokens, 1):
         raise _bad(f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {b.min_tokens}.", "min_tokens")
-    if b.truncate_prompt_tokens is not None and b.truncate_prompt_tokens < -1:
+    if b.truncate_prompt_tokens is not None and (b.truncate_prompt_tokens < -1 or b.truncate_prompt_tokens == 0):
         raise _bad(f"truncate_prompt_tokens must be -1 or at least 1, got {b.truncate_prompt_tokens}.", "truncate_prompt_tokens")
 
 

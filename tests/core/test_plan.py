@@ -1,0 +1,185 @@
+"""make_plan with the scripted engine's model and byte tokenizer (BOS=0, byte b -> b+3)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from braid.engine.base import ModelInfo
+from braid.engine.scripted import BOS, VOCAB_SIZE, ByteTokenizer, ScriptedEngine
+from braid.errors import InvalidRequest
+from braid.plan import Plan, make_plan
+from braid.request import Limits, parse_request
+
+TOK = ByteTokenizer()
+INFO = ScriptedEngine().info
+SMALL = ModelInfo(name="small", root="braid/small", max_model_len=32, vocab_size=VOCAB_SIZE)
+
+
+def ids_of(text: str) -> tuple[int, ...]:
+    return tuple(b + 3 for b in text.encode())
+
+
+def plan(info: ModelInfo = INFO, request_id: str = "cmpl-abc", created: int = 1234, **body: object) -> Plan:
+    body.setdefault("prompt", "hello")
+    req = parse_request(json.dumps(body).encode(), Limits(vocab_size=info.vocab_size))
+    return make_plan(req, info, TOK, request_id=request_id, created=created)
+
+
+def refuse(info: ModelInfo = INFO, **body: object) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as exc:
+        plan(info, **body)
+    assert exc.value.status == 400
+    return exc.value
+
+
+def test_one_engine_request_per_prompt_with_suffixed_ids() -> None:
+    p = plan(request_id="cmpl-xyz", created=99, prompt=["a", "b", "c"], n=2)
+    assert [it.request.request_id for it in p.items] == ["cmpl-xyz-0", "cmpl-xyz-1", "cmpl-xyz-2"]
+    assert [it.prompt_idx for it in p.items] == [0, 1, 2]
+    assert (p.meta.id, p.meta.created, p.meta.model) == ("cmpl-xyz", 99, INFO.name)
+    assert p.n == 2 and p.num_choices == 6
+    assert all(it.request.params.n == 2 for it in p.items)
+
+
+def test_text_prompts_get_bos_and_keep_their_text() -> None:
+    p = plan(prompt=["hi", "abc"])
+    assert [it.request.prompt_token_ids for it in p.items] == [(BOS, *ids_of("hi")), (BOS, *ids_of("abc"))]
+    assert [it.request.prompt_text for it in p.items] == ["hi", "abc"]
+
+
+def test_add_special_tokens_false_leaves_out_bos() -> None:
+    assert plan(prompt="hi", add_special_tokens=False).items[0].request.prompt_token_ids == ids_of("hi")
+
+
+def test_token_prompts_are_kept_as_given() -> None:
+    p = plan(prompt=[[5, 6, 7], [0, 200], [9]])
+    assert [it.request.prompt_token_ids for it in p.items] == [(5, 6, 7), (0, 200), (9,)]
+    assert all(it.request.prompt_text is None for it in p.items)
+    assert plan(prompt=[10, 11]).items[0].request.prompt_token_ids == (10, 11)
+
+
+def test_empty_text_prompt_without_bos_is_refused() -> None:
+    err = refuse(prompt=["x", ""], add_special_tokens=False)
+    assert err.param == "prompt" and "prompt[1]" in err.message
+    assert plan(prompt=["x", ""]).items[1].request.prompt_token_ids == (BOS,)
+
+
+def test_sampling_params_carry_the_request() -> None:
+    p = plan(max_tokens=7, temperature=0.5, top_p=0.9, seed=3, stop=["zz"], stop_token_ids=[9], logprobs=2, ignore_eos=True)
+    sp = p.items[0].request.params
+    assert (sp.max_tokens, sp.temperature, sp.top_p, sp.seed, sp.stop, sp.stop_token_ids, sp.logprobs, sp.ignore_eos) == (
+        7, 0.5, 0.9, 3, ("zz",), (9,), 2, True,
+    )
+    assert plan().items[0].request.params.max_tokens == 16  # the default
+
+
+def test_max_tokens_over_max_model_len_is_400_max_tokens() -> None:
+    err = refuse(SMALL, prompt="a", max_tokens=33)
+    assert err.param == "max_tokens"
+    assert "33" in err.message and "32" in err.message
+
+
+def test_prompt_that_does_not_fit_is_400_input_tokens() -> None:
+    # room = 32 - 12 = 20 prompt tokens; "x"*19 is 20 tokens with BOS, "x"*20 is 21.
+    assert len(plan(SMALL, prompt="x" * 19, max_tokens=12).items[0].request.prompt_token_ids) == 20
+    err = refuse(SMALL, prompt=["ok", "x" * 20], max_tokens=12)
+    assert err.param == "input_tokens"
+    assert "21 input tokens" in err.message and "12 output tokens" in err.message
+    assert "prompt[1]" in err.message
+
+
+def test_token_prompt_that_does_not_fit_is_400_input_tokens() -> None:
+    assert plan(SMALL, prompt=[[5] * 16], max_tokens=16).items[0].request.prompt_token_ids == (5,) * 16
+    assert refuse(SMALL, prompt=[[5] * 17], max_tokens=16).param == "input_tokens"
+
+
+def test_max_tokens_equal_to_max_model_len_leaves_no_room() -> None:
+    assert refuse(SMALL, prompt=[5], max_tokens=32).param == "input_tokens"
+
+
+@pytest.mark.parametrize(
+    ("prompt", "echo_text"),
+    [
+        ("hi there", "hi there"),
+        ([[*ids_of("abc")]], "abc"),
+        ([BOS, *ids_of("yo")], "yo"),  # the special token is skipped, as by default in vLLM's decode
+    ],
+)
+def test_echo_text(prompt: object, echo_text: str) -> None:
+    p = plan(prompt=prompt, echo=True)
+    assert p.echo and p.items[0].echo_text == echo_text
+    assert plan(prompt=prompt).items[0].echo_text == ""
+
+
+def test_echo_text_of_token_prompt_with_special_tokens_shown() -> None:
+    p = plan(prompt=[BOS, *ids_of("yo")], echo=True, skip_special_tokens=False)
+    assert p.items[0].echo_text == "<s>yo"
+
+
+def test_echo_text_is_empty_with_return_token_ids() -> None:
+    assert plan(prompt="hi", echo=True, return_token_ids=True).items[0].echo_text == ""
+
+
+def test_echo_text_per_prompt_in_a_batch() -> None:
+    p = plan(prompt=["one", "two"], echo=True)
+    assert [it.echo_text for it in p.items] == ["one", "two"]
+
+
+def test_echo_with_zero_max_tokens_generates_one_hidden_token() -> None:
+    p = plan(prompt="hi", echo=True, max_tokens=0)
+    assert p.hide_completion
+    assert p.items[0].request.params.max_tokens == 1
+    assert not plan(prompt="hi", echo=True, max_tokens=1).hide_completion
+    assert not plan(prompt="hi", max_tokens=1).hide_completion
+
+
+def test_echo_with_zero_max_tokens_still_needs_room_for_one_token() -> None:
+    assert plan(SMALL, prompt=[[5] * 31], echo=True, max_tokens=0).items[0].request.params.max_tokens == 1
+    assert refuse(SMALL, prompt=[[5] * 32], echo=True, max_tokens=0).param == "input_tokens"
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens() -> None:
+    p = plan(prompt=["abcdef", "xy"], truncate_prompt_tokens=3, echo=True)
+    assert [it.request.prompt_token_ids for it in p.items] == [ids_of("def"), (BOS, *ids_of("xy"))]
+    assert [it.echo_text for it in p.items] == ["def", "xy"]
+    assert p.prompt_tokens == 6
+    q = plan(prompt=[[5, 6, 7, 8], [9]], truncate_prompt_tokens=3, echo=True)
+    assert [it.request.prompt_token_ids for it in q.items] == [(6, 7, 8), (9,)]
+    assert [it.echo_text for it in q.items] == [TOK.decode((6, 7, 8)), TOK.decode((9,))]
+
+
+def test_truncate_prompt_tokens_longer_than_the_prompt_keeps_it_whole() -> None:
+    p = plan(prompt="ab", truncate_prompt_tokens=10, echo=True)
+    assert p.items[0].request.prompt_token_ids == (BOS, *ids_of("ab"))
+    assert p.items[0].echo_text == "ab"
+
+
+def test_truncate_prompt_tokens_minus_one_truncates_to_the_room_left() -> None:
+    p = plan(SMALL, prompt="x" * 40, max_tokens=12, truncate_prompt_tokens=-1)
+    assert p.items[0].request.prompt_token_ids == ids_of("x" * 20)
+
+
+def test_truncate_prompt_tokens_over_the_room_is_400() -> None:
+    assert refuse(SMALL, prompt="x", max_tokens=12, truncate_prompt_tokens=21).param == "truncate_prompt_tokens"
+    assert len(plan(SMALL, prompt="x" * 40, max_tokens=12, truncate_prompt_tokens=20).items[0].request.prompt_token_ids) == 20
+
+
+def test_prompt_tokens_are_counted_once_per_prompt_not_per_choice() -> None:
+    p = plan(prompt=["ab", "cde"], n=3)
+    assert p.prompt_tokens == 3 + 4
+    assert p.num_choices == 6
+    q = plan(prompt=[[5], [6, 7]], n=4)
+    assert q.prompt_tokens == 1 + 2 and q.num_choices == 8
+
+
+def test_flags_are_carried_into_the_plan() -> None:
+    p = plan(
+        prompt="x", stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True},
+        logprobs=2, echo=True, return_token_ids=True, return_tokens_as_token_ids=True,
+    )
+    assert (p.stream, p.include_usage, p.continuous_usage, p.logprobs, p.prompt_logprobs) == (True, True, True, 2, 2)
+    assert p.return_token_ids and p.tokens_as_ids and p.echo
+    q = plan(prompt="x")
+    assert not (q.stream or q.include_usage or q.continuous_usage or q.return_token_ids or q.tokens_as_ids or q.echo)

@@ -1,0 +1,382 @@
+"""parse_request / parse_prompts: the prompt shapes, strict token ids, limits and field checks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from braid.errors import InvalidRequest, SchemaError
+from braid.request import CompletionRequest, Limits, TextPrompt, TokenPrompt, parse_prompts, parse_request
+
+VOCAB = 259  # the scripted engine's vocabulary
+LIMITS = Limits(vocab_size=VOCAB)
+class _Missing:
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+_MISSING = _Missing()
+
+
+def parse(body: dict | None = None, limits: Limits = LIMITS, **fields: object) -> CompletionRequest:
+    body = {"prompt": "hello", **(body or {}), **fields}
+    body = {k: v for k, v in body.items() if v is not _MISSING}
+    return parse_request(json.dumps(body).encode(), limits)
+
+
+def refuse(body: dict | None = None, limits: Limits = LIMITS, **fields: object) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as info:
+        parse(body, limits, **fields)
+    err = info.value
+    assert err.status == 400
+    assert err.body()["error"]["code"] == 400
+    assert err.body()["error"]["param"] == err.param
+    return err
+
+
+# --- prompt shapes -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("prompt", "expected"),
+    [
+        ("text", (TextPrompt("text"),)),
+        (["a", "b"], (TextPrompt("a"), TextPrompt("b"))),
+        ([1, 2, 3], (TokenPrompt((1, 2, 3)),)),
+        ([[1, 2], [3]], (TokenPrompt((1, 2)), TokenPrompt((3,)))),
+        (["a"], (TextPrompt("a"),)),
+        ([[7]], (TokenPrompt((7,)),)),
+        ([5], (TokenPrompt((5,)),)),
+        (["1", "2"], (TextPrompt("1"), TextPrompt("2"))),  # list[str] wins: two text prompts
+        (["", "x"], (TextPrompt(""), TextPrompt("x"))),  # only a bare "" is "empty"
+        ([0, VOCAB - 1], (TokenPrompt((0, VOCAB - 1)),)),  # both ends of the vocabulary
+    ],
+)
+def test_prompt_shapes(prompt: object, expected: tuple) -> None:
+    assert parse(prompt=prompt).prompts == expected
+    assert parse_prompts(prompt, LIMITS) == expected
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "",
+        [],
+        None,
+        _MISSING,
+        [[]],
+        [[1], []],
+        [1, "a"],
+        [[1], "a"],
+        [["a"]],
+        ["a", 1],
+        ["a", ["b"]],
+        [1, [2]],
+        [[1], [2, [3]]],
+        [{"x": 1}],
+        {"x": 1},
+        3,
+        2.5,
+        True,
+        [None],
+        [[None]],
+    ],
+    ids=repr,
+)
+def test_bad_prompt_shapes_are_400_with_param_prompt(prompt: object) -> None:
+    err = refuse(prompt=prompt)
+    assert err.param == "prompt"
+
+
+@pytest.mark.parametrize("prompt", ["", [], None, _MISSING], ids=repr)
+def test_empty_prompt_message(prompt: object) -> None:
+    assert refuse(prompt=prompt).message == "Either prompt or prompt_embeds must be provided and non-empty."
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    ["", None, _MISSING, [1, "a"], [[1], "a"], [["a"]], {"x": 1}, 3, [-1], [[-1]], ["x"] * 1025],
+    ids=lambda p: repr(p)[:30],
+)
+def test_prompt_schema_errors_have_the_pydantic_error_type(prompt: object) -> None:
+    err = refuse(prompt=prompt)
+    assert err.param == "prompt"
+    assert err.body()["error"]["type"] == "Bad Request"
+
+
+@pytest.mark.parametrize("prompt", [[[]], [[1], []], [VOCAB], [[1], [VOCAB]]], ids=repr)
+def test_engine_side_prompt_errors_have_the_bad_request_error_type(prompt: object) -> None:
+    """vLLM rejects these in the engine (VLLMValidationError): type "BadRequestError"."""
+    err = refuse(prompt=prompt)
+    assert err.param == "prompt"
+    assert err.body()["error"]["type"] == "BadRequestError"
+
+
+def test_empty_inner_list_names_its_index() -> None:
+    assert "prompt[1]" in refuse(prompt=[[1], []]).message
+    assert "prompt[0]" in refuse(prompt=[[]]).message
+
+
+@pytest.mark.parametrize(
+    ("prompt", "where", "shown"),
+    [
+        ([[1, 2], [3, 4, 5, True]], "prompt[1][3]", "true"),
+        ([[1, 2], [3, 4, 5, False]], "prompt[1][3]", "false"),
+        ([[1, 2], [3, 4, 5, 2.0]], "prompt[1][3]", "2.0"),
+        ([[1, 2], [3, 4, 5, "3"]], "prompt[1][3]", "'3'"),
+        ([[1, 2], [3, 4, 5, -1]], "prompt[1][3]", "-1"),
+        ([[1, 2], [3, 4, 5, VOCAB]], "prompt[1][3]", str(VOCAB)),
+        ([[1, 2], [3, 4, 5, 2**70]], "prompt[1][3]", str(2**70)),
+        ([[True]], "prompt[0][0]", "true"),
+        ([1, 2, True], "prompt[2]", "true"),
+        ([1, 2.0], "prompt[1]", "2.0"),
+        ([1, "3"], "prompt[1]", "'3'"),
+        ([7, 8, -1], "prompt[2]", "-1"),
+        ([7, VOCAB], "prompt[1]", str(VOCAB)),
+        ([True, 1], "prompt[0]", "true"),
+    ],
+    ids=repr,
+)
+def test_strict_token_ids_name_prompt_and_position(prompt: object, where: str, shown: str) -> None:
+    err = refuse(prompt=prompt)
+    assert err.param == "prompt"
+    assert err.message.startswith(where + ":"), err.message
+    assert shown in err.message
+
+
+def test_token_id_bound_follows_the_vocabulary_limit() -> None:
+    assert parse(prompt=[[300]], limits=Limits(vocab_size=301)).prompts == (TokenPrompt((300,)),)
+    assert refuse(prompt=[[300]], limits=Limits(vocab_size=300)).param == "prompt"
+
+
+# --- limits --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("many", [["x"] * 1025, [[1]] * 1025])
+def test_more_prompts_than_the_limit_is_400(many: list) -> None:
+    err = refuse(prompt=many, limits=Limits(max_prompts=1024, vocab_size=VOCAB))
+    assert err.param == "prompt"
+    assert "1025" in err.message and "1024" in err.message
+
+
+@pytest.mark.parametrize("many", [["x"] * 1024, [[1]] * 1024])
+def test_prompt_count_at_the_limit_is_fine(many: list) -> None:
+    assert len(parse(prompt=many, limits=Limits(max_prompts=1024, vocab_size=VOCAB)).prompts) == 1024
+
+
+def test_a_flat_token_list_longer_than_the_prompt_limit_is_one_prompt() -> None:
+    req = parse(prompt=[5] * 3000, limits=Limits(max_prompts=1024, vocab_size=VOCAB))
+    assert req.prompts == (TokenPrompt((5,) * 3000),)
+
+
+def test_prompt_limit_is_configurable() -> None:
+    limits = Limits(max_prompts=2, vocab_size=VOCAB)
+    assert len(parse(prompt=["a", "b"], limits=limits).prompts) == 2
+    assert refuse(prompt=["a", "b", "c"], limits=limits).param == "prompt"
+
+
+def test_prompts_times_n_over_max_choices_is_400() -> None:
+    limits = Limits(max_choices=8, vocab_size=VOCAB)
+    err = refuse(prompt=["a", "b", "c"], n=3, limits=limits)
+    assert err.param == "n" and "9" in err.message
+    assert len(parse(prompt=["a", "b", "c", "d"], n=2, limits=limits).prompts) == 4  # exactly 8
+    assert parse(prompt=[1, 2, 3, 4, 5, 6, 7, 8, 9], n=8, limits=limits).n == 8  # one token prompt
+
+
+def test_default_max_choices_counts_prompts_times_n() -> None:
+    assert refuse(prompt=["x"] * 1024, n=5).param == "n"  # 5120 > 4096
+    assert parse(prompt=["x"] * 1024, n=4).n == 4  # 4096
+
+
+# --- field checks --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"n": 0}, "n"),
+        ({"n": -1}, "n"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 0, "echo": False}, "max_tokens"),
+        ({"max_tokens": -1}, "max_tokens"),
+        ({"max_tokens": -1, "echo": True}, "max_tokens"),
+        ({"temperature": -0.01}, "temperature"),
+        ({"temperature": 2.01}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"prompt_logprobs": 21}, "prompt_logprobs"),
+        ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+        ({"prompt_logprobs": -1, "stream": True}, "prompt_logprobs"),
+        ({"stop": ""}, "stop"),
+        ({"stop": ["a", ""]}, "stop"),
+        ({"use_beam_search": True}, "use_beam_search"),
+    ],
+    ids=repr,
+)
+def test_field_checks(fields: dict, param: str) -> None:
+    assert refuse(**fields).param == param
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"max_tokens": 0, "echo": True},
+        {"temperature": 0},
+        {"temperature": 2},
+        {"temperature": 0, "n": 1},
+        {"logprobs": 20},
+        {"logprobs": 0},
+        {"prompt_logprobs": 20},
+        {"prompt_logprobs": 1},
+        {"prompt_logprobs": 0, "stream": True},
+        {"stop": ["a", "b"]},
+        {"stop": "a"},
+        {"use_beam_search": False},
+        {"stream": True, "stream_options": {"include_usage": True}},
+        {"stream_options": {}},
+        {"stream_options": None},
+        {"echo": True, "logprobs": 2, "stream": True},
+    ],
+    ids=repr,
+)
+def test_valid_fields_are_accepted(fields: dict) -> None:
+    req = parse(**fields)
+    for key in ("n", "temperature", "logprobs", "max_tokens"):
+        if key in fields:
+            assert getattr(req, key) == fields[key]
+
+
+def test_n_is_bounded_by_max_n() -> None:
+    limits = Limits(max_n=4, vocab_size=VOCAB)
+    assert parse(n=4, limits=limits).n == 4
+    assert refuse(n=5, limits=limits).param == "n"
+
+
+def test_echo_with_max_tokens_zero_keeps_zero() -> None:
+    req = parse(max_tokens=0, echo=True)
+    assert req.max_tokens == 0 and req.echo
+
+
+def test_greedy_sampling_with_n_above_one() -> None:
+    err = refuse(temperature=0, n=2)
+    assert err.message == "n must be 1 when using greedy sampling, got 2."
+    assert err.param is None
+    assert parse(temperature=0.5, n=2).n == 2
+
+
+def test_prompt_logprobs_with_stream_is_a_schema_error() -> None:
+    with pytest.raises(SchemaError) as info:
+        parse(prompt_logprobs=1, stream=True)
+    assert info.value.param == "prompt_logprobs"
+
+
+def test_stream_options_without_stream_is_a_schema_error() -> None:
+    for fields in ({"stream": False}, {}):
+        with pytest.raises(SchemaError) as info:
+            parse(stream_options={"include_usage": True}, **fields)
+        assert info.value.param == "stream_options"
+        assert info.value.type == "Bad Request" and info.value.status == 400
+
+
+def test_suffix_is_refused() -> None:
+    err = refuse(suffix="tail")
+    assert err.message == "suffix is not currently supported"
+    assert err.param is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"n": 2.0}, "n"),
+        ({"n": True}, "n"),
+        ({"max_tokens": "5"}, "max_tokens"),
+        ({"max_tokens": 5.0}, "max_tokens"),
+        ({"temperature": "0.5"}, "temperature"),
+        ({"stream": "yes"}, "stream"),
+        ({"echo": 1}, "echo"),
+        ({"logprobs": True}, "logprobs"),
+        ({"seed": 1.5}, "seed"),
+        ({"stop": 5}, "stop"),
+        ({"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
+        ({"stream": True, "stream_options": 5}, "stream_options"),
+    ],
+    ids=repr,
+)
+def test_wrong_json_types_are_schema_errors_naming_the_field(fields: dict, param: str) -> None:
+    with pytest.raises(SchemaError) as info:
+        parse(**fields)
+    err = info.value
+    assert err.param == param
+    assert err.status == 400 and err.type == "Bad Request"
+
+
+def test_wrong_type_inside_a_list_names_the_field() -> None:
+    with pytest.raises(SchemaError) as info:
+        parse(stop=["a", 5])
+    assert info.value.param is not None and info.value.param.startswith("stop")
+
+
+@pytest.mark.parametrize("body", [b"", b"{", b"{'prompt': 'x'}", b'{"prompt": "x",}', b"nope"])
+def test_invalid_json_is_a_schema_error(body: bytes) -> None:
+    with pytest.raises(SchemaError) as info:
+        parse_request(body, LIMITS)
+    assert info.value.status == 400 and info.value.param is None
+
+
+@pytest.mark.parametrize("body", [b"[]", b'["x"]', b'"x"', b"3", b"null", b"true"])
+def test_a_non_object_body_is_a_schema_error(body: bytes) -> None:
+    with pytest.raises(SchemaError) as info:
+        parse_request(body, LIMITS)
+    assert info.value.status == 400
+
+
+def test_unknown_fields_are_ignored() -> None:
+    plain = parse(prompt=["a", "b"], n=2, max_tokens=3)
+    extra = parse(prompt=["a", "b"], n=2, max_tokens=3, frobnicate=1, nested={"deep": [1, {"x": None}]}, cache_salt="s")
+    assert extra == plain
+
+
+def test_defaults() -> None:
+    req = parse()
+    assert req.max_tokens == 16 and req.n == 1 and req.temperature == 1.0
+    assert not req.stream and not req.include_usage and not req.continuous_usage
+    assert req.logprobs is None and req.prompt_logprobs is None and req.stop == ()
+    assert parse(max_tokens=None).max_tokens == 16
+
+
+@pytest.mark.parametrize(
+    ("fields", "prompt_logprobs"),
+    [
+        ({"echo": True, "logprobs": 2}, 2),
+        ({"echo": True, "logprobs": 0}, 0),
+        ({"echo": True, "logprobs": 2, "stream": True}, 2),
+        ({"echo": False, "logprobs": 2}, None),
+        ({"logprobs": 2}, None),
+        ({"echo": True}, None),
+        ({"echo": True, "logprobs": 2, "prompt_logprobs": 1}, 1),
+        ({"prompt_logprobs": 3}, 3),
+    ],
+    ids=repr,
+)
+def test_echo_with_logprobs_requests_prompt_logprobs(fields: dict, prompt_logprobs: int | None) -> None:
+    req = parse(**fields)
+    assert req.prompt_logprobs == prompt_logprobs
+    assert req.logprobs == fields.get("logprobs")
+
+
+@pytest.mark.parametrize(
+    ("stream_options", "include", "continuous"),
+    [
+        (None, False, False),
+        ({}, False, False),
+        ({"include_usage": True}, True, False),
+        ({"include_usage": False}, False, False),
+        ({"include_usage": True, "continuous_usage_stats": True}, True, True),
+        ({"continuous_usage_stats": True}, False, False),
+    ],
+    ids=repr,
+)
+def test_stream_usage_options(stream_options: dict | None, include: bool, continuous: bool) -> None:
+    req = parse(stream=True, stream_options=stream_options)
+    assert (req.include_usage, req.continuous_usage) == (include, continuous)
