@@ -2,4 +2,6 @@ import sys
 
 from braid.cli import main
 
-sys.exit(main())
+# vLLM starts its engine process with "spawn", which re-imports the main module: guard it.
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,17 +1,42 @@
-"""``braid serve``: the command-line entry point."""
+"""``braid serve``: the command-line entry point.
+
+``--engine auto`` (the default) drives vLLM when it is installed and the scripted engine
+otherwise. With vLLM and no ``--model``, braid builds its default tiny model once (see
+:mod:`braid.models.tiny`) and serves it.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import logging
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import attrs
 import trio
 
+from braid.engine.base import Engine
 from braid.engine.scripted import ScriptedEngine
-from braid.http.app import Settings, create_app
-from braid.server import ServerConfig, serve
+
+# Nothing here imports quart at module level: vLLM's engine process is started with "spawn",
+# which re-imports this module, and vLLM's CPU kernel set-up calls hasattr() on every module
+# global, which quart's request/app proxies answer with RuntimeError outside a request.
+
+log = logging.getLogger("braid")
+
+
+def _engine_arg(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key.replace("-", "_"), json.loads(value)
+    except json.JSONDecodeError:
+        return key.replace("-", "_"), value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -20,48 +45,103 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="serve the OpenAI-compatible API")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--engine", choices=["scripted"], default="scripted",
-                   help="the engine to drive (the vLLM engine comes with its own issue)")
+    s.add_argument("--engine", choices=["auto", "vllm", "scripted"], default="auto",
+                   help="auto: vLLM when installed, else the scripted engine")
     s.add_argument("--token-delay", type=float, default=0.0, help="scripted engine: seconds per token")
-    s.add_argument("--served-model-name", default=None)
-    s.add_argument("--max-model-len", type=int, default=None)
-    s.add_argument("--max-prompts", type=int, default=1024, help="prompts per request")
-    s.add_argument("--max-choices", type=int, default=4096, help="prompts x n per request")
-    s.add_argument("--stall-timeout", type=float, default=30.0,
+    e = s.add_argument_group("vLLM engine")
+    e.add_argument("--model", default=None, help="model path or name (default: braid's tiny local model)")
+    e.add_argument("--served-model-name", default=None)
+    e.add_argument("--dtype", default=None)
+    e.add_argument("--max-model-len", type=int, default=None)
+    e.add_argument("--max-num-seqs", type=int, default=None)
+    e.add_argument("--tensor-parallel-size", type=int, default=None)
+    e.add_argument("--distributed-executor-backend", default=None, help="e.g. mp or ray (multi-GPU, multi-node)")
+    e.add_argument("--seed", type=int, default=None)
+    e.add_argument("--engine-arg", type=_engine_arg, action="append", default=[], metavar="KEY=VALUE",
+                   help="any other AsyncEngineArgs field; VALUE is JSON or a string (repeatable)")
+    e.add_argument("--fault-hooks", action="store_true",
+                   help="tests only: a prompt holding 'braid:fail@S' fails after S outputs")
+    h = s.add_argument_group("front end")
+    h.add_argument("--max-prompts", type=int, default=1024, help="prompts per request")
+    h.add_argument("--max-choices", type=int, default=4096, help="prompts x n per request")
+    h.add_argument("--stall-timeout", type=float, default=30.0,
                    help="abort a stream whose client reads nothing for this long (seconds)")
-    s.add_argument("--heartbeat", type=float, default=15.0, help="SSE comment after this many idle seconds")
-    s.add_argument("--graceful-timeout", type=float, default=10.0, help="drain time after SIGTERM (seconds)")
-    s.add_argument("--keep-alive", type=float, default=75.0, help="idle keep-alive timeout (seconds)")
-    s.add_argument("--access-log", action="store_true")
+    h.add_argument("--heartbeat", type=float, default=15.0, help="SSE comment after this many idle seconds")
+    h.add_argument("--graceful-timeout", type=float, default=10.0, help="drain time after SIGTERM (seconds)")
+    h.add_argument("--keep-alive", type=float, default=75.0, help="idle keep-alive timeout (seconds)")
+    h.add_argument("--access-log", action="store_true")
     return p
 
 
+def _vllm_kwargs(args: argparse.Namespace, default_model: bool) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    if default_model:
+        # sized for the tiny model on a 2-core CPU machine
+        kwargs.update(max_model_len=1024, max_num_seqs=64, max_num_batched_tokens=2048)
+    for name in ("dtype", "max_model_len", "max_num_seqs", "tensor_parallel_size", "distributed_executor_backend", "seed"):
+        value = getattr(args, name)
+        if value is not None:
+            kwargs[name] = value
+    kwargs.update(dict(args.engine_arg))
+    return kwargs
+
+
+@asynccontextmanager
+async def open_engine(args: argparse.Namespace) -> AsyncIterator[Engine]:
+    kind = args.engine
+    if kind == "auto":
+        kind = "vllm" if importlib.util.find_spec("vllm") is not None else "scripted"
+    if kind == "scripted":
+        engine = ScriptedEngine(token_delay=args.token_delay)
+        if args.served_model_name or args.max_model_len:
+            engine.info = attrs.evolve(
+                engine.info,
+                name=args.served_model_name or engine.info.name,
+                max_model_len=args.max_model_len or engine.info.max_model_len,
+            )
+        yield engine
+        return
+    from braid.engine.vllm import open_vllm_engine
+
+    model = args.model
+    if model is None:
+        from braid.models import tiny
+
+        log.info("no --model: using braid's tiny local model (built once, then cached)")
+        model = str(await trio.to_thread.run_sync(lambda: tiny.build(tiny.default_dir())))
+    async with open_vllm_engine(
+        model,
+        served_model_name=args.served_model_name or ("braid-tiny" if args.model is None else None),
+        engine_kwargs=_vllm_kwargs(args, default_model=args.model is None),
+        fault_hooks=args.fault_hooks,
+    ) as engine:
+        yield engine
+
+
 def main(argv: list[str] | None = None) -> int:
+    from braid.http.app import Settings, create_app
+    from braid.server import ServerConfig, serve
+
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = ScriptedEngine(token_delay=args.token_delay)
-    if args.served_model_name or args.max_model_len:
-        engine.info = attrs.evolve(
-            engine.info,
-            name=args.served_model_name or engine.info.name,
-            max_model_len=args.max_model_len or engine.info.max_model_len,
-        )
     settings = Settings(
         max_prompts=args.max_prompts,
         max_choices=args.max_choices,
         stall_timeout=args.stall_timeout,
         heartbeat=args.heartbeat,
     )
-    app = create_app(engine, settings)
     cfg = ServerConfig(args.host, args.port, args.graceful_timeout, args.keep_alive, args.access_log)
 
     async def run() -> None:
-        async def announce(task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-            await serve(app, cfg, task_status=task_status)
+        async with open_engine(args) as engine:
+            app = create_app(engine, settings)
 
-        async with trio.open_nursery() as nursery:
-            urls = await nursery.start(announce)
-            logging.getLogger("braid").info("braid serving %s on %s", engine.info.name, ", ".join(urls))
+            async def announce(task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+                await serve(app, cfg, task_status=task_status)
+
+            async with trio.open_nursery() as nursery:
+                urls = await nursery.start(announce)
+                log.info("braid serving %s on %s", engine.info.name, ", ".join(urls))
 
     trio.run(run)
     return 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
 
@@ -27,6 +29,11 @@ class Metrics:
         self.http_requests = Counter(
             "braid_completion_requests", "Completion requests by outcome", ["outcome"], registry=r
         )
+
+    def track_engine_unfinished(self, read: Callable[[], float]) -> None:
+        """Expose the engine's own count of unfinished requests (read at scrape time)."""
+        g = Gauge("braid_engine_unfinished_requests", "The engine's own count of unfinished requests", registry=self.registry)
+        g.set_function(read)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

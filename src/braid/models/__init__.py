@@ -1,0 +1,1 @@
+"""Models braid can build locally (no model hub is needed)."""
