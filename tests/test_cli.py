@@ -21,9 +21,10 @@ def _free_port() -> int:
 
 
 def _start(*args: str) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``braid serve --engine scripted`` on a free port and wait until it is healthy."""
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "braid", "serve", "--port", str(port), *args],
+        [sys.executable, "-m", "braid", "serve", "--engine", "scripted", "--port", str(port), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
@@ -36,12 +37,13 @@ def _start(*args: str) -> tuple[subprocess.Popen[bytes], str]:
         except httpx.HTTPError:
             time.sleep(0.05)
     proc.kill()
-    raise AssertionError(f"braid serve did not start: {proc.stdout.read().decode() if proc.stdout else ''}")
+    out, _ = proc.communicate(timeout=10)
+    raise AssertionError(f"braid serve did not start in 20 s: {out.decode(errors='replace')[-2000:]}")
 
 
 @pytest.fixture(scope="module")
 def braid_url() -> Iterator[str]:
-    proc, url = _start("--engine", "scripted", "--token-delay", "0.001")
+    proc, url = _start("--token-delay", "0.001")
     yield url
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(10) == 0
@@ -94,9 +96,10 @@ def test_sigterm_drains_then_exits_cleanly() -> None:
                 for _ in it:
                     pass
             cut_after = time.monotonic() - started
-    assert proc.wait(10) == 0
+    out, _ = proc.communicate(timeout=10)
+    assert proc.returncode == 0
     assert 0.8 <= cut_after <= 5, cut_after
-    log = proc.stdout.read().decode() if proc.stdout else ""
+    log = out.decode(errors="replace")
     assert "draining" in log and "Traceback" not in log, log
 
 

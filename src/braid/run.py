@@ -21,6 +21,8 @@ The two nurseries are needed because cancelling a nursery's scope also cancels t
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
+
 import attrs
 import trio
 
@@ -40,19 +42,19 @@ class CompletionRun:
     stall_timeout: float = 30.0
     max_batch: int = 1024
     error: BraidError | None = None
-    _outer_cm: trio.Nursery | None = None
+    _outer_cm: AbstractAsyncContextManager[trio.Nursery] | None = None
     _outer: trio.Nursery | None = None
     _inner: trio.Nursery | None = None
     _recv: trio.MemoryReceiveChannel[Arrival] | None = None
 
     async def __aenter__(self) -> CompletionRun:
         send, self._recv = trio.open_memory_channel[Arrival](self.buffer)
-        self._outer_cm = trio.open_nursery()  # type: ignore[assignment]
-        self._outer = await self._outer_cm.__aenter__()  # type: ignore[union-attr]
+        self._outer_cm = trio.open_nursery()
+        self._outer = await self._outer_cm.__aenter__()
         try:
             self._inner = await self._outer.start(self._supervise, send)
         except BaseException as exc:
-            await self._outer_cm.__aexit__(type(exc), exc, exc.__traceback__)  # type: ignore[union-attr]
+            await self._outer_cm.__aexit__(type(exc), exc, exc.__traceback__)
             raise
         return self
 
@@ -61,7 +63,7 @@ class CompletionRun:
         if exc is not None or self.error is not None:
             self._inner.cancel_scope.cancel()
         try:
-            return await self._outer_cm.__aexit__(exc_type, exc, tb)  # type: ignore[union-attr]
+            return await self._outer_cm.__aexit__(exc_type, exc, tb)
         finally:
             self._recv.close()
 

@@ -20,6 +20,7 @@ from tests.test_cli import _free_port
 class VllmServer:
     url: str
     model: str
+    pid: int
 
     def metric(self, name: str) -> float:
         for line in httpx.get(self.url + "/metrics").text.splitlines():
@@ -65,7 +66,7 @@ def vllm_server() -> Iterator[VllmServer]:
             raise AssertionError(f"braid serve --engine vllm did not start in 600 s; see {log.name}")
         time.sleep(0.5)
     model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
-    yield VllmServer(url, model)
+    yield VllmServer(url, model, proc.pid)
     proc.send_signal(signal.SIGTERM)
     try:
         assert proc.wait(60) == 0

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import time
+
 import httpx
 import openai
 import pytest
@@ -108,3 +113,17 @@ def test_error_in_one_item_aborts_the_rest(vllm_server: VllmServer) -> None:
     r2 = httpx.post(vllm_server.url + "/v1/completions", json={**body, "stream": False}, timeout=60)
     assert r2.status_code == 500 and r2.json()["error"]["type"] == "InternalServerError"
     vllm_server.wait_engine_idle()
+
+
+def test_zz_a_dead_engine_fails_health_and_new_requests(vllm_server: VllmServer) -> None:
+    """Runs last in this tier (it kills the engine): /health and new completions answer 503."""
+    children = subprocess.run(["pgrep", "-P", str(vllm_server.pid)], capture_output=True, text=True).stdout.split()
+    assert children, "vLLM's EngineCore process was not found"
+    for pid in children:
+        os.kill(int(pid), signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while httpx.get(vllm_server.url + "/health").status_code != 503:
+        assert time.monotonic() < deadline, "/health still 200 after the engine died"
+        time.sleep(0.1)
+    r = httpx.post(vllm_server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=30)
+    assert r.status_code == 503 and r.json()["error"]["type"] == "ServiceUnavailableError"
