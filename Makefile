@@ -37,3 +37,8 @@ test-fast: install
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info
+
+# Mutation check of the property suite (tools/mutants.py): every named defect must be caught.
+.PHONY: mutants
+mutants: install
+	$(BIN)/python tools/mutants.py -j 2

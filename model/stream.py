@@ -1,0 +1,704 @@
+"""The stream model: states, events, outputs and the numbered invariants of one completions request.
+
+This module is a specification, not an implementation: it never talks to the server. A harness
+records what happened around the *real* server code as a **trace** of plain data, and
+:func:`check_trace` says which invariants the trace breaks. docs/stream-model.md is the prose
+version; each invariant there links to the predicate here.
+
+Trace format (everything is plain JSON-like data)::
+
+    {
+      "request": {"valid": bool,             # False: the body breaks the API (must be rejected)
+                  "stream": bool, "n": int,
+                  "prompts": [str, ...],       # the prompt texts (the echo of prompt i)
+                  "echo": bool, "hide_completion": bool,   # echo with max_tokens=0
+                  "logprobs": int | None,
+                  "include_usage": bool, "continuous_usage": bool},
+      "limits": {"heartbeat": float,           # the server's idle heartbeat period
+                 "abort_bound": float},        # how long an abort may take after its trigger
+      "left_running": int,                     # engine requests still running after the end
+      "records": [ {"seq": int, "t": float, "kind": str, ...}, ... ]   # in seq order
+    }
+
+Record kinds (``seq`` is a total order, ``t`` virtual time):
+
+* ``engine_open``  ``prompt``, ``prompt_tokens``: the engine request of prompt ``prompt`` starts.
+* ``engine_output`` ``prompt``, ``deltas``: one engine output, ``[[k, text, n_tokens, finish_reason], ...]``.
+* ``engine_close`` ``prompt``, ``outcome`` (``finished`` | ``failed`` | ``aborted``), ``error``
+  (``None`` | ``EngineError`` | ``EngineRejected`` | ``StreamStalled`` | other class name) and
+  ``aborts`` (how many aborts the engine saw for this request).
+* ``disconnect`` / ``drain``: the client went away / the server's drain deadline cancelled the request.
+* ``sse``  ``event`` (one event from :func:`parse_sse`) and ``wait`` (seconds the body was
+  waited on before it produced the write holding this event).
+* ``json`` ``status``, ``body``: the one JSON response (non-streaming requests and rejections).
+* ``end``  ``how`` (``complete`` | ``disconnect`` | ``drain`` | ``watchdog`` | ``crash``), ``detail``.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+Trace = dict[str, Any]
+Record = dict[str, Any]
+
+EPS = 1e-9
+
+#: The status of each failure the server reports (the "first failure wins").
+ERROR_STATUS = {"EngineError": 500, "EngineRejected": 400, "StreamStalled": 408}
+
+
+# --------------------------------------------------------------------------------------------
+# States, events, outputs
+
+
+class RequestState(enum.Enum):
+    VALIDATING = "validating"  # the body is being validated; nothing is committed
+    REJECTED = "rejected"  # validation failed: one JSON 4xx, no engine work (terminal)
+    STREAMING = "streaming"  # engine requests run; deltas become output
+    DRAINING = "draining"  # an error, disconnect, stall or drain happened: aborting the batch
+    DONE = "done"  # every engine request closed and the output ended (terminal)
+
+
+class ChoiceState(enum.Enum):
+    PENDING = "pending"  # no delta yet
+    GENERATING = "generating"  # some deltas, no finish_reason
+    FINISHED = "finished"  # the delta with the finish_reason arrived
+    ABORTED = "aborted"  # the request ended before it finished
+
+
+#: The events the model reacts to (record kinds, with the sub-cases spelled out).
+EVENTS = (
+    "engine delta",  # engine_output delta without finish_reason
+    "engine finish",  # engine_output delta with finish_reason
+    "engine error",  # engine_close failed/EngineError
+    "late validation failure",  # engine_close failed/EngineRejected
+    "client disconnect",  # disconnect
+    "slow-reader stall",  # engine_close aborted/StreamStalled
+    "server drain",  # drain
+    "heartbeat tick",  # idle for `heartbeat` seconds (observed as a ping)
+)
+
+#: The observable outputs.
+OUTPUTS = ("JSON response", "SSE chunk", "usage chunk", "error event", "[DONE]", "connection close")
+
+
+def parse_sse(raw: bytes) -> list[dict[str, Any]]:
+    """One body write -> its SSE events; raises ValueError when the framing is wrong.
+
+    Events: ``{"type": "chunk", "data": obj}`` (a completion chunk with one choice),
+    ``{"type": "usage", "data": obj}`` (no choices, a usage object), ``{"type": "error",
+    "data": obj}``, ``{"type": "done"}`` and ``{"type": "ping"}`` (an SSE comment).
+    """
+    text = raw.decode("utf-8")
+    if not text.endswith("\n\n"):
+        raise ValueError(f"a write must end with a blank line: {text[-40:]!r}")
+    events: list[dict[str, Any]] = []
+    for block in text[:-2].split("\n\n"):
+        if "\n" in block or not block:
+            raise ValueError(f"one line per event expected: {block!r}")
+        if block.startswith(":"):
+            events.append({"type": "ping"})
+        elif block == "data: [DONE]":
+            events.append({"type": "done"})
+        elif block.startswith("data: "):
+            obj = json.loads(block[len("data: ") :])
+            if "error" in obj:
+                events.append({"type": "error", "data": obj})
+            elif obj.get("choices") == [] and "usage" in obj:
+                events.append({"type": "usage", "data": obj})
+            else:
+                events.append({"type": "chunk", "data": obj})
+        else:
+            raise ValueError(f"not an SSE event: {block!r}")
+    return events
+
+
+# --------------------------------------------------------------------------------------------
+# Derived views of a trace (pure functions the predicates share)
+
+
+def _records(trace: Trace, *kinds: str) -> list[Record]:
+    return [r for r in trace["records"] if r["kind"] in kinds]
+
+
+def _events(trace: Trace) -> list[tuple[Record, dict[str, Any]]]:
+    return [(r, r["event"]) for r in _records(trace, "sse")]
+
+
+def _end(trace: Trace) -> Record | None:
+    ends = _records(trace, "end")
+    return ends[-1] if ends else None
+
+
+def _num_choices(trace: Trace) -> int:
+    return len(trace["request"]["prompts"]) * trace["request"]["n"]
+
+
+def _prompt_tokens(trace: Trace) -> dict[int, int]:
+    return {r["prompt"]: r["prompt_tokens"] for r in _records(trace, "engine_open")}
+
+
+def _failures(trace: Trace) -> list[Record]:
+    """The engine closes that are failures the client must hear of (engine error, rejection, stall)."""
+    return [r for r in _records(trace, "engine_close") if r["error"] in ERROR_STATUS]
+
+
+def _triggers(trace: Trace) -> list[Record]:
+    """Records after which the whole batch must be aborted: failures, stalls, disconnects, drains."""
+    return [r for r in trace["records"] if r["kind"] in ("disconnect", "drain")] + _failures(trace)
+
+
+def expected_chunks(trace: Trace) -> dict[int, list[dict[str, Any]]]:
+    """What each choice's chunks must be, from the engine's deltas (index ``prompt*n + k``).
+
+    One chunk per engine delta, in engine order; a delta with no text, no token and no
+    finish_reason shows nothing (unless it is an echoed first chunk). The first chunk of an echoed
+    choice starts with the prompt's text and carries the prompt's tokens' logprobs; with
+    ``hide_completion`` (echo and max_tokens=0) generated text and tokens are not shown, but counted.
+    """
+    req = trace["request"]
+    n, echo, hide = req["n"], req["echo"], req["hide_completion"]
+    ptoks = _prompt_tokens(trace)
+    out: dict[int, list[dict[str, Any]]] = {j: [] for j in range(_num_choices(trace))}
+    counted: dict[int, int] = {}
+    for r in _records(trace, "engine_output"):
+        p = r["prompt"]
+        for k, text, ntok, finish in r["deltas"]:
+            j = p * n + k
+            first = not out[j]
+            counted[j] = counted.get(j, 0) + ntok
+            shown_text, shown_tok = ("", 0) if hide else (text, ntok)
+            if finish is None and not text and not ntok and not (first and echo):
+                continue
+            if first and echo:
+                shown_text = req["prompts"][p] + shown_text
+                shown_tok += ptoks[p]
+            out[j].append(
+                {"text": shown_text, "finish_reason": finish, "lp_tokens": shown_tok,
+                 "completion_tokens": counted[j], "seq": r["seq"], "prompt": p}
+            )
+    return out
+
+
+def _choice_chunks(trace: Trace) -> dict[int, list[tuple[Record, dict[str, Any]]]]:
+    """Emitted choice fragments per index, in order: (record, choice dict)."""
+    out: dict[int, list[tuple[Record, dict[str, Any]]]] = {}
+    for r, ev in _events(trace):
+        if ev["type"] == "chunk":
+            for c in ev["data"].get("choices", []):
+                out.setdefault(c.get("index"), []).append((r, c))
+    return out
+
+
+def _normal_end(trace: Trace) -> bool:
+    """The request ran to its end: it was valid, and neither a disconnect nor a drain cut it."""
+    end = _end(trace)
+    return trace["request"]["valid"] and end is not None and end["how"] == "complete"
+
+
+def _first_done_seq(trace: Trace) -> int | None:
+    for r, ev in _events(trace):
+        if ev["type"] == "done":
+            return r["seq"]
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# The invariants
+
+
+@dataclass(frozen=True)
+class Invariant:
+    number: int
+    name: str
+    text: str
+    check: Callable[[Trace], Iterable[str]]
+
+
+@dataclass(frozen=True)
+class Violation:
+    number: int
+    name: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"I{self.number} {self.name}: {self.message}"
+
+
+INVARIANTS: list[Invariant] = []
+
+
+def invariant(number: int, text: str) -> Callable[[Callable[[Trace], Iterable[str]]], Callable[[Trace], Iterable[str]]]:
+    def register(fn: Callable[[Trace], Iterable[str]]) -> Callable[[Trace], Iterable[str]]:
+        INVARIANTS.append(Invariant(number, fn.__name__, text, fn))
+        return fn
+
+    return register
+
+
+@invariant(1, "Every write is well-formed SSE and every completion chunk carries exactly one choice.")
+def framing(trace: Trace) -> Iterable[str]:
+    for r in _records(trace, "sse_malformed"):
+        yield f"malformed write at t={r['t']}: {r['detail']}"
+    for r, ev in _events(trace):
+        if ev["type"] in ("chunk", "usage"):
+            d = ev["data"]
+            if d.get("object") != "text_completion":
+                yield f"seq {r['seq']}: object is {d.get('object')!r}"
+            if ev["type"] == "chunk" and len(d.get("choices") or ()) != 1:
+                yield f"seq {r['seq']}: a chunk with {len(d.get('choices') or ())} choices"
+    if not trace["request"]["stream"] and _records(trace, "sse"):
+        yield "a non-streaming request wrote SSE events"
+
+
+@invariant(2, "Every emitted choice index is prompt_idx*n + k for an existing choice (0 <= k < n).")
+def choice_index(trace: Trace) -> Iterable[str]:
+    total = _num_choices(trace)
+    for j in _choice_chunks(trace):
+        if not isinstance(j, int) or not 0 <= j < total:
+            yield f"choice index {j!r} is not prompt_idx*n+k for any of the {total} choices"
+    for r in _records(trace, "json"):
+        if r["status"] == 200:
+            idx = [c.get("index") for c in r["body"].get("choices", [])]
+            if idx != list(range(total)):
+                yield f"JSON choices have indices {idx}, expected 0..{total - 1}"
+
+
+@invariant(3, "Each choice's chunks are its engine deltas in engine order (so its text is their "
+              "concatenation, after the echoed prompt), each emitted no earlier than its delta.")
+def choice_sequence(trace: Trace) -> Iterable[str]:
+    want = expected_chunks(trace)
+    for j, got in _choice_chunks(trace).items():
+        exp = want.get(j, [])
+        if len(got) > len(exp):
+            yield f"choice {j}: {len(got)} chunks but the engine produced only {len(exp)} deltas for it"
+        for m, ((r, c), e) in enumerate(zip(got, exp)):
+            if c.get("text") != e["text"]:
+                yield f"choice {j} chunk {m}: text {c.get('text')!r}, engine delta says {e['text']!r}"
+                break
+            if r["seq"] < e["seq"]:
+                yield f"choice {j} chunk {m} was written before the engine produced it"
+                break
+
+
+@invariant(4, "Exactly one non-null finish_reason per finished choice, on its last chunk, equal to "
+              "the engine's; on a normal end without error every choice has finished.")
+def one_finish_reason(trace: Trace) -> Iterable[str]:
+    want = expected_chunks(trace)
+    chunks = _choice_chunks(trace)
+    errored = any(ev["type"] == "error" for _, ev in _events(trace))
+    for j, got in chunks.items():
+        reasons = [(m, c.get("finish_reason")) for m, (_, c) in enumerate(got) if c.get("finish_reason") is not None]
+        if len(reasons) > 1:
+            yield f"choice {j} has {len(reasons)} finish reasons"
+        if reasons and reasons[-1][0] != len(got) - 1:
+            yield f"choice {j} has chunks after its finish_reason"
+        exp = want.get(j, [])
+        for m, (_, c) in enumerate(got):
+            if m < len(exp) and c.get("finish_reason") != exp[m]["finish_reason"]:
+                yield f"choice {j} chunk {m}: finish_reason {c.get('finish_reason')!r}, engine says {exp[m]['finish_reason']!r}"
+    if trace["request"]["stream"] and _normal_end(trace) and not errored:
+        for j in range(_num_choices(trace)):
+            got = chunks.get(j, [])
+            if not got or got[-1][1].get("finish_reason") is None:
+                yield f"the stream ended normally but choice {j} never got a finish_reason"
+
+
+@invariant(5, "At most one usage chunk; only with include_usage; only after every choice finished and "
+              "right before [DONE]; never after an error.")
+def usage_placement(trace: Trace) -> Iterable[str]:
+    req = trace["request"]
+    evs = _events(trace)
+    usage = [i for i, (_, ev) in enumerate(evs) if ev["type"] == "usage"]
+    if len(usage) > 1:
+        yield f"{len(usage)} usage chunks"
+    if usage and not req["include_usage"]:
+        yield "a usage chunk without stream_options.include_usage"
+    for i in usage:
+        finished = {c.get("index") for _, ev in evs[:i] if ev["type"] == "chunk" for c in ev["data"]["choices"]
+                    if c.get("finish_reason") is not None}
+        if len(finished) < _num_choices(trace):
+            yield f"usage chunk written when {len(finished)} of {_num_choices(trace)} choices had finished"
+        if any(ev["type"] == "error" for _, ev in evs[:i]):
+            yield "usage chunk after an error event"
+        if i + 1 >= len(evs) or evs[i + 1][1]["type"] != "done":
+            yield "usage chunk not immediately followed by [DONE]"
+    if (req["stream"] and req["include_usage"] and _normal_end(trace) and not usage
+            and not any(ev["type"] == "error" for _, ev in evs)):
+        yield "include_usage stream ended normally without a usage chunk"
+
+
+@invariant(6, "Usage totals equal the model's sums: prompt tokens once per prompt, completion tokens "
+              "as the engine counted them, total = prompt + completion; continuous usage per chunk "
+              "is the chunk's prompt and the choice's tokens so far.")
+def usage_totals(trace: Trace) -> Iterable[str]:
+    req = trace["request"]
+    ptoks = _prompt_tokens(trace)
+    want_chunks = expected_chunks(trace)
+    prompt_total = sum(ptoks.values())
+    completion_total = sum(sum(d[2] for d in r["deltas"]) for r in _records(trace, "engine_output"))
+
+    def check(usage: dict[str, Any], prompt: int, completion: int, where: str) -> Iterable[str]:
+        got = (usage.get("prompt_tokens"), usage.get("completion_tokens"), usage.get("total_tokens"))
+        if got != (prompt, completion, prompt + completion):
+            yield f"{where}: usage {got}, expected {(prompt, completion, prompt + completion)}"
+
+    for r, ev in _events(trace):
+        if ev["type"] == "usage":
+            yield from check(ev["data"]["usage"], prompt_total, completion_total, "usage chunk")
+    for r, ev in _events(trace):
+        if ev["type"] != "chunk":
+            continue
+        u = ev["data"].get("usage")
+        if req["continuous_usage"] != (u is not None):
+            yield f"seq {r['seq']}: chunk usage is {u!r} with continuous_usage={req['continuous_usage']}"
+    if req["continuous_usage"]:
+        counts: dict[int, int] = {}
+        for r, ev in _events(trace):
+            if ev["type"] != "chunk" or ev["data"].get("usage") is None:
+                continue
+            c = ev["data"]["choices"][0]
+            j = c.get("index")
+            m = counts.get(j, 0)
+            counts[j] = m + 1
+            exp = want_chunks.get(j, [])
+            if m < len(exp):
+                e = exp[m]
+                yield from check(ev["data"]["usage"], ptoks.get(e["prompt"], -1), e["completion_tokens"],
+                                 f"choice {j} chunk {m} (continuous usage)")
+    for r in _records(trace, "json"):
+        if r["status"] == 200:
+            yield from check(r["body"].get("usage", {}), prompt_total, completion_total, "JSON response")
+
+
+@invariant(7, "Exactly one [DONE], as the last event, on a normal end and after an error event; "
+              "nothing after it.")
+def done_terminal(trace: Trace) -> Iterable[str]:
+    evs = _events(trace)
+    dones = [i for i, (_, ev) in enumerate(evs) if ev["type"] == "done"]
+    if len(dones) > 1:
+        yield f"{len(dones)} [DONE] events"
+    if dones and dones[0] != len(evs) - 1:
+        yield f"{len(evs) - 1 - dones[0]} events after [DONE]"
+    if trace["request"]["stream"] and _normal_end(trace) and not dones:
+        yield "the stream ended normally without [DONE]"
+    errors = [i for i, (_, ev) in enumerate(evs) if ev["type"] == "error"]
+    if errors and not (dones and dones[0] > errors[0]) and _normal_end(trace):
+        yield "an error event without [DONE] after it"
+
+
+@invariant(8, "A stream that ends normally has an error event if and only if an engine request failed "
+              "or the reader stalled: exactly one, with the first failure's status, after which only "
+              "[DONE] follows.")
+def error_event(trace: Trace) -> Iterable[str]:
+    if not trace["request"]["stream"]:
+        return
+    evs = _events(trace)
+    errors = [i for i, (_, ev) in enumerate(evs) if ev["type"] == "error"]
+    failures = _failures(trace)
+    if len(errors) > 1:
+        yield f"{len(errors)} error events"
+    if errors and not failures:
+        yield "an error event although no engine request failed or stalled"
+    if _normal_end(trace) and failures and not errors:
+        yield f"{failures[0]['error']} in the engine request of prompt {failures[0]['prompt']}, but no error event"
+    if errors and failures:
+        code = evs[errors[0]][1]["data"].get("error", {}).get("code")
+        if code != ERROR_STATUS[failures[0]["error"]]:
+            yield f"error event code {code}, first failure was {failures[0]['error']}"
+        if any(ev["type"] not in ("done",) for _, ev in evs[errors[0] + 1 :]):
+            yield "events other than [DONE] after the error event"
+
+
+@invariant(9, "Nothing at all is written after a client disconnect or a drain cancellation "
+              "(the connection is closed).")
+def silent_after_close(trace: Trace) -> Iterable[str]:
+    closes = _records(trace, "disconnect", "drain")
+    if not closes:
+        return
+    first = closes[0]
+    for r in _records(trace, "sse", "json"):
+        if r["seq"] > first["seq"]:
+            yield f"{r['kind']} written at t={r['t']} after the {first['kind']} at t={first['t']}"
+
+
+@invariant(10, "Engine cleanup: by the end every engine request is finished, failed or aborted, none "
+               "aborted twice, none left running; after an error, disconnect, stall or drain every "
+               "engine request still open is closed within abort_bound; without any of these none is "
+               "aborted.")
+def engine_cleanup(trace: Trace) -> Iterable[str]:
+    opens = {r["prompt"]: r for r in _records(trace, "engine_open")}
+    closes: dict[int, list[Record]] = {}
+    for r in _records(trace, "engine_close"):
+        closes.setdefault(r["prompt"], []).append(r)
+    if len(opens) != len(_records(trace, "engine_open")):
+        yield "an engine request was opened twice"
+    if trace.get("left_running", 0):
+        yield f"{trace['left_running']} engine requests left running"
+    for p, o in opens.items():
+        cs = closes.get(p, [])
+        if len(cs) != 1:
+            yield f"engine request of prompt {p} closed {len(cs)} times"
+            continue
+        if cs[0]["aborts"] > 1:
+            yield f"engine request of prompt {p} aborted {cs[0]['aborts']} times"
+    triggers = _triggers(trace)
+    bound = trace["limits"]["abort_bound"]
+    if triggers:
+        first = min(triggers, key=lambda r: r["seq"])
+        for p, cs in closes.items():
+            if not cs:
+                continue
+            c = cs[0]
+            if c["seq"] > first["seq"] and c["t"] > first["t"] + bound + EPS:
+                yield (f"engine request of prompt {p} closed at t={c['t']:g} ({c['outcome']}), "
+                       f"{c['t'] - first['t']:g} s after the {first['kind']} at t={first['t']:g} (bound {bound:g} s)")
+    else:
+        for p, cs in closes.items():
+            if cs and cs[0]["outcome"] != "finished":
+                yield f"engine request of prompt {p} {cs[0]['outcome']} although nothing went wrong"
+    if _normal_end(trace) and trace["request"]["valid"] and not triggers:
+        missing = set(range(len(trace["request"]["prompts"]))) - set(opens)
+        if missing:
+            yield f"prompts {sorted(missing)} never reached the engine"
+
+
+@invariant(11, "A non-streaming response is all-or-nothing: exactly one JSON response on a normal end "
+               "(none after a disconnect or drain): 200 with every choice complete if no engine request "
+               "failed, else the first failure's error and no choices.")
+def all_or_nothing(trace: Trace) -> Iterable[str]:
+    req = trace["request"]
+    if req["stream"] or not req["valid"]:
+        return
+    js = _records(trace, "json")
+    if not _normal_end(trace):
+        return
+    if len(js) != 1:
+        yield f"{len(js)} JSON responses"
+        return
+    r = js[0]
+    failures = _failures(trace)
+    if failures:
+        want = ERROR_STATUS[failures[0]["error"]]
+        if r["status"] != want or "choices" in r["body"] or "error" not in r["body"]:
+            yield f"status {r['status']} body keys {sorted(r['body'])} after {failures[0]['error']} (want {want}, an error body)"
+        return
+    if r["status"] != 200:
+        yield f"status {r['status']} although nothing failed"
+        return
+    want = expected_chunks(trace)
+    for c in r["body"].get("choices", []):
+        j = c.get("index")
+        exp = want.get(j, [])
+        text = "".join(e["text"] for e in exp)
+        if c.get("text") != text:
+            yield f"choice {j}: text {c.get('text')!r}, the engine produced {text!r}"
+        fin = exp[-1]["finish_reason"] if exp else None
+        if fin is None or c.get("finish_reason") != fin:
+            yield f"choice {j}: finish_reason {c.get('finish_reason')!r}, engine said {fin!r}"
+        if req["logprobs"] is not None:
+            lp = c.get("logprobs") or {}
+            ntok = sum(e["lp_tokens"] for e in exp)
+            if len(lp.get("tokens", ())) != ntok:
+                yield f"choice {j}: {len(lp.get('tokens', ()))} logprob tokens, expected {ntok}"
+
+
+@invariant(12, "Heartbeat: pings only while the stream is open (before [DONE]); a ping only after the "
+               "body was idle for heartbeat seconds; no write waited longer than heartbeat.")
+def heartbeat(trace: Trace) -> Iterable[str]:
+    hb = trace["limits"]["heartbeat"]
+    done = _first_done_seq(trace)
+    for r, ev in _events(trace):
+        if ev["type"] == "ping":
+            if done is not None and r["seq"] > done:
+                yield f"ping at t={r['t']} after [DONE]"
+            if r["wait"] < hb - EPS:
+                yield f"ping at t={r['t']} after only {r['wait']:g} s idle (heartbeat {hb:g} s)"
+        if r["wait"] > hb + EPS:
+            yield f"a write at t={r['t']} came after {r['wait']:g} s of silence (heartbeat {hb:g} s)"
+
+
+@invariant(13, "Logprobs: when requested every chunk has four equal-length lists with one entry per token "
+               "of its delta (plus the prompt's tokens on an echoed first chunk), and a choice's text_offsets "
+               "run on from 0 across its chunks, each the previous offset plus the previous token's length; "
+               "when not requested logprobs is null.")
+def logprobs_shape(trace: Trace) -> Iterable[str]:
+    req = trace["request"]
+    want = expected_chunks(trace)
+    for j, got in _choice_chunks(trace).items():
+        exp = want.get(j, [])
+        offset = 0
+        for m, (_, c) in enumerate(got):
+            lp = c.get("logprobs")
+            if req["logprobs"] is None:
+                if lp is not None:
+                    yield f"choice {j} chunk {m}: logprobs without a request for them"
+                continue
+            if lp is None:
+                yield f"choice {j} chunk {m}: no logprobs"
+                continue
+            lens = {key: len(lp.get(key) or ()) for key in ("text_offset", "token_logprobs", "tokens", "top_logprobs")}
+            if len(set(lens.values())) != 1:
+                yield f"choice {j} chunk {m}: logprobs lists of lengths {lens}"
+                continue
+            if m < len(exp) and lens["tokens"] != exp[m]["lp_tokens"]:
+                yield f"choice {j} chunk {m}: {lens['tokens']} logprob tokens, expected {exp[m]['lp_tokens']}"
+            for off, tok in zip(lp["text_offset"], lp["tokens"]):
+                if off != offset:
+                    yield f"choice {j} chunk {m}: text_offset {off} where the previous tokens end at {offset}"
+                    break
+                offset += len(tok)
+            else:
+                continue
+            break
+
+
+@invariant(14, "An invalid request is rejected: one 4xx JSON error, no engine request, no stream.")
+def rejected(trace: Trace) -> Iterable[str]:
+    if trace["request"]["valid"]:
+        return
+    if _records(trace, "engine_open"):
+        yield "an invalid request reached the engine"
+    if _records(trace, "sse"):
+        yield "an invalid request got a stream"
+    js = _records(trace, "json")
+    if len(js) != 1 or not 400 <= js[0]["status"] < 500 or "error" not in js[0]["body"]:
+        yield f"an invalid request got {[(r['status'], sorted(r['body'])) for r in js]}, expected one 4xx error"
+
+
+@invariant(15, "Liveness: every request ends (normally, by disconnect or by drain), never by a crash or "
+               "by the harness's watchdog.")
+def liveness(trace: Trace) -> Iterable[str]:
+    end = _end(trace)
+    if end is None:
+        yield "the trace has no end"
+    elif end["how"] in ("crash", "watchdog"):
+        yield f"ended by {end['how']}: {end.get('detail')}"
+
+
+# --------------------------------------------------------------------------------------------
+# The state machine, replayed over a trace
+
+
+@dataclass
+class RequestMachine:
+    """Replays a trace through the model's transitions; :attr:`errors` lists the illegal steps.
+
+    ::
+
+        VALIDATING --invalid body--> REJECTED (JSON 4xx)
+        VALIDATING --engine_open--> STREAMING
+        STREAMING  --delta/finish--> STREAMING          choice PENDING->GENERATING->FINISHED
+        STREAMING  --error|stall--> DRAINING            (error event + [DONE], or a JSON error)
+        STREAMING  --disconnect|drain--> DRAINING       (connection closed: no more output)
+        STREAMING  --[DONE] / JSON, handler returns--> DONE
+        DRAINING   --handler returns, no engine request open--> DONE   unfinished choices -> ABORTED
+
+    An engine request may still be opened while DRAINING (a driver task that had not yet reached
+    its first checkpoint); invariant 10 bounds how long it may live.
+    """
+
+    n: int
+    prompts: int
+    state: RequestState = RequestState.VALIDATING
+    choices: list[ChoiceState] = field(default_factory=list)
+    open_engine: set[int] = field(default_factory=set)
+    output_ended: bool = False
+    errors: list[str] = field(default_factory=list)
+    history: list[tuple[int, RequestState]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.choices = [ChoiceState.PENDING] * (self.n * self.prompts)
+
+    def _go(self, seq: int, state: RequestState) -> None:
+        if state is not self.state:
+            self.state = state
+            self.history.append((seq, state))
+
+    def _settle(self, seq: int) -> None:
+        """The handler returned (``end``): the request is done; choices not finished were aborted."""
+        if self.open_engine:
+            self.errors.append(f"seq {seq}: the request ended with engine requests {sorted(self.open_engine)} open")
+        self.choices = [ChoiceState.ABORTED if c is not ChoiceState.FINISHED else c for c in self.choices]
+        if self.state is not RequestState.REJECTED:
+            self._go(seq, RequestState.DONE)
+
+    def apply(self, r: Record) -> None:
+        kind, seq = r["kind"], r["seq"]
+        if self.state in (RequestState.DONE, RequestState.REJECTED) and kind != "end":
+            self.errors.append(f"seq {seq}: {kind} in state {self.state.value}")
+            return
+        if self.output_ended and kind in ("sse", "json"):
+            self.errors.append(f"seq {seq}: {kind} after the output ended")
+        if kind == "json" and self.state is RequestState.VALIDATING:
+            self._go(seq, RequestState.REJECTED)
+            self.output_ended = True
+            return
+        if kind == "engine_open":
+            if self.state is RequestState.VALIDATING:
+                self._go(seq, RequestState.STREAMING)
+            self.open_engine.add(r["prompt"])
+        elif kind == "engine_output":
+            if r["prompt"] not in self.open_engine:
+                self.errors.append(f"seq {seq}: output of prompt {r['prompt']} whose engine request is not open")
+            for k, _text, _ntok, finish in r["deltas"]:
+                j = r["prompt"] * self.n + k
+                if not 0 <= j < len(self.choices) or not 0 <= k < self.n:
+                    self.errors.append(f"seq {seq}: delta for a choice k={k} that does not exist")
+                    continue
+                if self.choices[j] is ChoiceState.FINISHED:
+                    self.errors.append(f"seq {seq}: engine delta for finished choice {j}")
+                self.choices[j] = ChoiceState.FINISHED if finish is not None else ChoiceState.GENERATING
+        elif kind == "engine_close":
+            self.open_engine.discard(r["prompt"])
+            if r["error"] in ERROR_STATUS and self.state is RequestState.STREAMING:
+                self._go(seq, RequestState.DRAINING)
+        elif kind in ("disconnect", "drain"):
+            if self.state in (RequestState.STREAMING, RequestState.VALIDATING):
+                self._go(seq, RequestState.DRAINING)
+            self.output_ended = True
+        elif kind == "sse" and r["event"]["type"] == "done":
+            self.output_ended = True
+        elif kind == "json":
+            self.output_ended = True
+        elif kind == "end":
+            self.output_ended = True
+            self._settle(seq)
+
+    def finish(self) -> None:
+        if self.state not in (RequestState.DONE, RequestState.REJECTED):
+            self.errors.append(f"the request ended in state {self.state.value} "
+                               f"(engine requests still open: {sorted(self.open_engine)})")
+
+
+def replay(trace: Trace) -> RequestMachine:
+    m = RequestMachine(trace["request"]["n"], len(trace["request"]["prompts"]))
+    for r in trace["records"]:
+        m.apply(r)
+    m.finish()
+    return m
+
+
+@invariant(0, "The trace is a run of the state machine: no output in a terminal state, no delta for a "
+              "finished or unknown choice, and every request reaches done or rejected.")
+def transitions(trace: Trace) -> Iterable[str]:
+    yield from replay(trace).errors
+
+
+INVARIANTS.sort(key=lambda i: i.number)
+
+
+def check_trace(trace: Trace) -> list[Violation]:
+    """Every violation of every invariant by this trace (empty: the trace is a run of the model)."""
+    seqs = [r["seq"] for r in trace["records"]]
+    out = []
+    if seqs != sorted(seqs):
+        out.append(Violation(-1, "trace", "records are not in seq order"))
+    for inv in INVARIANTS:
+        for message in inv.check(trace):
+            out.append(Violation(inv.number, inv.name, message))
+    return out

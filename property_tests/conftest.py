@@ -1,0 +1,30 @@
+"""Hypothesis profiles for the property suite, chosen with HYPOTHESIS_PROFILE (default: ci).
+
+* ``ci``: what ``make test`` runs: 200 examples per property, derandomized (the same examples on
+  every run and machine), no deadline (virtual time makes wall-clock deadlines meaningless).
+* ``mutants``: what ``make mutants`` runs against each defect: fewer examples, same determinism.
+* ``dev``: random examples with the example database, for exploring locally.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+_common = {
+    "deadline": None,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
+    "print_blob": True,
+}
+settings.register_profile("ci", max_examples=200, derandomize=True, database=None, **_common)
+settings.register_profile("mutants", max_examples=60, derandomize=True, database=None, **_common)
+settings.register_profile("dev", max_examples=500, **_common)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# tools/mutants.py runs this suite against a mutated copy of src/: make sure that copy is the one imported.
+_under_test = os.environ.get("BRAID_SRC_UNDER_TEST")
+if _under_test:
+    import braid
+
+    assert os.path.abspath(braid.__file__).startswith(os.path.abspath(_under_test)), (braid.__file__, _under_test)

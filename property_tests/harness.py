@@ -1,0 +1,335 @@
+"""Drive the real server code with a scenario and record a trace for the model (model/stream.py).
+
+What is real: request validation (``parse_request``), planning (``make_plan``), the nursery run
+(``CompletionRun``), the merger (``StreamMerger`` / ``ResponseCollector``), the SSE body
+(``CompletionStream``, driven exactly as quart drives a ``ResponseBody``: ``async with body: async
+for data in body: await send(data)``) and the scripted engine. What is simulated: the client
+(reads with a delay, pauses, disconnects = cancellation of the request task, as quart-trio does
+on ``http.disconnect``), the drain (cancellation at the drain deadline, as hypercorn does after
+``graceful_timeout``) and the per-prompt timing of engine steps (a thin wrapper around the
+scripted engine that sleeps before handing each output on and records what it saw).
+
+Everything runs on Trio's virtual clock, so a scenario's trace is a pure function of the scenario.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+import trio.testing
+
+from braid.encode import error_body
+from braid.engine.base import EngineOutput, EngineRequest
+from braid.engine.scripted import ScriptedEngine
+from braid.errors import BraidError, EngineError, EngineRejected, InvalidRequest
+from braid.http.body import CompletionStream
+from braid.merge import ResponseCollector, StreamMerger
+from braid.metrics import Metrics
+from braid.plan import make_plan
+from braid.request import Limits, parse_request
+from braid.run import CompletionRun
+from model.stream import parse_sse
+
+METRICS = Metrics()  # values are irrelevant here; one registry avoids re-registering per example
+WATCHDOG = 100_000.0  # virtual seconds: a request still running then is hung
+ABORT_BOUND = 0.0  # the scripted engine aborts at once, so every abort is due at its trigger's instant
+
+INVALID_BODIES: dict[str, dict[str, Any]] = {
+    "n=0": {"n": 0},
+    "max_tokens=-1": {"max_tokens": -1},
+    "stream_options without stream": {"stream": False, "stream_options": {"include_usage": True}},
+    "logprobs=21": {"logprobs": 21},
+    "temperature=3": {"temperature": 3.0},
+}
+
+
+@attrs.frozen
+class Scenario:
+    prompts: tuple[str, ...]
+    n: int = 1
+    max_tokens: int = 4
+    stream: bool = True
+    include_usage: bool = False
+    continuous_usage: bool = False
+    echo: bool = False
+    logprobs: int | None = None
+    ignore_eos: bool = False
+    seed: int | None = None
+    invalid: str | None = None
+    # engine timing
+    token_delay: float = 0.0
+    step_delays: tuple[tuple[float, ...], ...] = ((),)
+    """Extra delay before each engine step: prompt i uses pattern i % len, step s its s % len entry."""
+    # client and server behaviour
+    read_delay: float = 0.0
+    pause: tuple[float, float] | None = None
+    """(at, length): the client reads nothing in [at, at + length)."""
+    disconnect_at: float | None = None
+    drain: tuple[float, float] | None = None
+    """(at, grace): the server starts draining at ``at`` and cancels the request ``grace`` later."""
+    heartbeat: float = 15.0
+    stall_timeout: float = 30.0
+    buffer: int = 64
+
+    def body(self) -> bytes:
+        body: dict[str, Any] = {
+            "prompt": list(self.prompts),
+            "max_tokens": self.max_tokens,
+            "n": self.n,
+            "stream": self.stream,
+            "echo": self.echo,
+            "ignore_eos": self.ignore_eos,
+        }
+        if self.stream and self.include_usage:
+            body["stream_options"] = {"include_usage": True, "continuous_usage_stats": self.continuous_usage}
+        if self.logprobs is not None:
+            body["logprobs"] = self.logprobs
+        if self.seed is not None:
+            body["seed"] = self.seed
+        if self.invalid is not None:
+            body.update(INVALID_BODIES[self.invalid])
+        return json.dumps(body).encode()
+
+    def model_request(self) -> dict[str, Any]:
+        """The request as the model sees it (plain data; the API's meaning of the scenario)."""
+        return {
+            "valid": self.invalid is None,
+            "stream": self.stream,
+            "n": self.n,
+            "prompts": list(self.prompts),
+            "echo": self.echo,
+            "hide_completion": self.echo and self.max_tokens == 0,
+            "logprobs": self.logprobs,
+            "include_usage": self.stream and self.include_usage,
+            "continuous_usage": self.stream and self.include_usage and self.continuous_usage,
+        }
+
+
+@attrs.define(eq=False)
+class Recorder:
+    """The trace of one request: ``records`` in the model's format."""
+
+    scenario: Scenario
+    seq: itertools.count  # shared by every recorder of one trio run: one total order
+    records: list[dict[str, Any]] = attrs.Factory(list)
+    open_engine: set[int] = attrs.Factory(set)
+    left_running: int = 0
+
+    def add(self, kind: str, **fields: Any) -> dict[str, Any]:
+        r = {"seq": next(self.seq), "t": trio.current_time(), "kind": kind, **fields}
+        self.records.append(r)
+        return r
+
+    def trace(self) -> dict[str, Any]:
+        return {
+            "request": self.scenario.model_request(),
+            "limits": {"heartbeat": self.scenario.heartbeat, "abort_bound": ABORT_BOUND},
+            "left_running": self.left_running,
+            "records": list(self.records),
+        }
+
+
+@attrs.define(eq=False)
+class RecordingEngine:
+    """The scripted engine with per-prompt step timing, recording each engine request's life."""
+
+    inner: ScriptedEngine
+    requests: dict[str, tuple[Recorder, tuple[tuple[float, ...], ...]]] = attrs.Factory(dict)
+
+    @property
+    def info(self):  # type: ignore[no-untyped-def]
+        return self.inner.info
+
+    @property
+    def tokenizer(self):  # type: ignore[no-untyped-def]
+        return self.inner.tokenizer
+
+    @property
+    def healthy(self) -> bool:
+        return self.inner.healthy
+
+    @asynccontextmanager
+    async def open_request(self, request: EngineRequest) -> AsyncIterator[AsyncIterator[EngineOutput]]:
+        base, _, idx = request.request_id.rpartition("-")
+        rec, patterns = self.requests[base]
+        prompt = int(idx)
+        pattern = patterns[prompt % len(patterns)]
+        error: str | None = None
+        rec.open_engine.add(prompt)
+        rec.add("engine_open", prompt=prompt, prompt_tokens=len(request.prompt_token_ids))
+        try:
+            async with self.inner.open_request(request) as outputs:
+                timed = self._timed(outputs, rec, prompt, pattern)
+                try:
+                    yield timed
+                finally:
+                    await timed.aclose()
+        except BaseException as exc:
+            error = type(exc).__name__
+            raise
+        finally:
+            rec.open_engine.discard(prompt)
+            aborts = self.inner.aborted_ids.count(request.request_id)
+            if aborts:
+                outcome = "aborted"
+            elif error in (EngineError.__name__, EngineRejected.__name__):
+                outcome = "failed"
+            else:
+                outcome = "finished"
+            rec.add("engine_close", prompt=prompt, outcome=outcome, error=error, aborts=aborts)
+
+    @staticmethod
+    async def _timed(
+        outputs: AsyncIterator[EngineOutput], rec: Recorder, prompt: int, pattern: tuple[float, ...]
+    ) -> AsyncIterator[EngineOutput]:
+        step = 0
+        async for out in outputs:
+            extra = pattern[step % len(pattern)] if pattern else 0.0
+            step += 1
+            if extra > 0:
+                await trio.sleep(extra)
+            rec.add(
+                "engine_output",
+                prompt=prompt,
+                deltas=[[d.index, d.text, len(d.token_ids), d.finish_reason] for d in out.choices],
+            )
+            yield out
+
+
+async def _client_send(rec: Recorder, data: bytes, wait: float) -> None:
+    """The transport: a send is a checkpoint (a cancelled send delivers nothing), then the client reads."""
+    await trio.lowlevel.checkpoint()
+    try:
+        events = parse_sse(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        rec.add("sse_malformed", detail=f"{exc}: {data[:80]!r}")
+        events = []
+    for ev in events:
+        rec.add("sse", event=ev, wait=wait)
+    s = rec.scenario
+    if s.read_delay > 0:
+        await trio.sleep(s.read_delay)
+    if s.pause is not None:
+        at, length = s.pause
+        if at <= trio.current_time() < at + length:
+            await trio.sleep_until(at + length)
+
+
+def _error_response(exc: BaseException) -> tuple[int, bytes]:
+    """What the app answers for an exception escaping the view.
+
+    quart-trio tries the handlers on each member of an exception group in turn; braid has one for
+    BraidError and a catch-all 500 for any other Exception, so the first member decides.
+    """
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    if isinstance(exc, BraidError):
+        return exc.status, error_body(exc)
+    if isinstance(exc, Exception):
+        return 500, error_body(BraidError("Internal server error"))
+    raise exc
+
+
+async def _respond(engine: RecordingEngine, rec: Recorder, rid: str) -> None:
+    """What the completions view does, from the body bytes to the last byte of the response."""
+    s = rec.scenario
+    info = engine.info
+    limits = Limits(max_logprobs=info.max_logprobs, vocab_size=info.vocab_size)
+    try:
+        req = parse_request(s.body(), limits)
+        plan = make_plan(req, info, engine.tokenizer, request_id=rid, created=0)
+    except InvalidRequest as err:
+        await trio.lowlevel.checkpoint()
+        rec.add("json", status=err.status, body=json.loads(error_body(err)))
+        return
+    run = CompletionRun(engine, plan, METRICS, buffer=s.buffer, stall_timeout=s.stall_timeout)
+    try:
+        if plan.stream:
+            body = CompletionStream(run, StreamMerger(plan, engine.tokenizer), heartbeat=s.heartbeat)
+            async with body as response_body:  # exactly quart's ASGIHTTPConnection._send_response
+                last = trio.current_time()
+                async for data in response_body:
+                    await _client_send(rec, data, trio.current_time() - last)
+                    last = trio.current_time()
+            return
+        collector = ResponseCollector(plan, engine.tokenizer)
+        try:
+            async with run:  # exactly the non-streaming view
+                while True:
+                    try:
+                        collector.feed(await run.receive_ready())
+                    except trio.EndOfChannel:
+                        break
+            status, payload = 200, collector.body()
+        except Exception as exc:  # noqa: BLE001 - the app's error handlers
+            status, payload = _error_response(exc)
+        await trio.lowlevel.checkpoint()
+        rec.add("json", status=status, body=json.loads(payload))
+    finally:
+        rec.left_running = len(rec.open_engine)
+
+
+@attrs.define(eq=False)
+class Stop:
+    """An external stop for a running request (the stateful test's disconnect and drain)."""
+
+    event: trio.Event = attrs.Factory(trio.Event)
+    kind: str = "disconnect"
+
+    def set(self, kind: str) -> None:
+        if not self.event.is_set():
+            self.kind = kind
+            self.event.set()
+
+
+async def run_request(
+    engine: RecordingEngine, rec: Recorder, rid: str, *, t0: float = 0.0, stop: Stop | None = None
+) -> None:
+    """One request with its client and server events; adds the ``end`` record. Never raises."""
+    s = rec.scenario
+    stop = stop or Stop()
+    how, detail = "complete", None
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+
+            async def control() -> None:
+                nonlocal how
+                times = [(t0 + WATCHDOG, "watchdog")]
+                if s.disconnect_at is not None:
+                    times.append((t0 + s.disconnect_at, "disconnect"))
+                if s.drain is not None:
+                    times.append((t0 + s.drain[0] + s.drain[1], "drain"))
+                at, kind = min(times)
+                with trio.move_on_at(at):
+                    await stop.event.wait()
+                    kind = stop.kind
+                how = kind
+                if kind != "watchdog":
+                    rec.add(kind)
+                scope.cancel()
+
+            nursery.start_soon(control)
+            try:
+                await _respond(engine, rec, rid)
+            except Exception as exc:  # noqa: BLE001 - a crash is an observation, checked by the model
+                how, detail = "crash", repr(exc)
+            nursery.cancel_scope.cancel()
+    rec.add("end", how=how, detail=detail)
+
+
+def run_scenario(s: Scenario) -> tuple[dict[str, Any], ScriptedEngine]:
+    """One scenario in a fresh trio run on a virtual clock: its trace, and the engine afterwards."""
+    engine = RecordingEngine(ScriptedEngine(token_delay=s.token_delay))
+    rec = Recorder(s, itertools.count())
+    rid = "cmpl-prop"
+    engine.requests[rid] = (rec, s.step_delays)
+    trio.run(run_request, engine, rec, rid, clock=trio.testing.MockClock(autojump_threshold=0))
+    trace = rec.trace()
+    trace["left_running"] = max(trace["left_running"], engine.inner.in_flight)
+    return trace, engine.inner

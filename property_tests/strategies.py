@@ -1,0 +1,93 @@
+"""Hypothesis strategies for scenarios (property_tests.harness.Scenario).
+
+Values are drawn from small sets of "interesting" numbers rather than continuous ranges: they
+shrink to readable examples, and the timings hit the boundaries (heartbeat, stall timeout, token
+delay) often.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from property_tests.harness import INVALID_BODIES, Scenario
+
+TIMES = st.sampled_from([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 40.0])
+
+
+@st.composite
+def scenarios(
+    draw: st.DrawFn,
+    *,
+    stream: bool | None = None,
+    max_prompts: int = 64,
+    faults: bool | None = None,
+    client_events: bool | None = None,
+    invalid: bool | None = False,
+    stall: bool = False,
+) -> Scenario:
+    """A request, its engine's timing and faults, and what the client and server do meanwhile.
+
+    ``faults`` / ``client_events``: True forces at least one engine fault / one client or server
+    event (disconnect, stall, drain), False forbids them, None draws. ``invalid`` the same for an
+    invalid body.
+    """
+    num = draw(st.one_of(st.integers(1, 4), st.integers(1, max_prompts)))
+    fillers = draw(st.lists(st.text("xyz ", max_size=4), min_size=num, max_size=num))
+    prompts = [f"p{i}{f}" for i, f in enumerate(fillers)]
+    want_faults = draw(st.booleans()) if faults is None else faults
+    if want_faults:
+        kind = draw(st.sampled_from(["fail", "invalid", "both"]))
+        if kind in ("fail", "both"):
+            i = draw(st.integers(0, num - 1))
+            prompts[i] += f" braid:fail@{draw(st.integers(0, 6))}"
+        if kind in ("invalid", "both"):
+            i = draw(st.integers(0, num - 1))
+            prompts[i] += " braid:invalid"
+    is_stream = draw(st.booleans()) if stream is None else stream
+    echo = draw(st.booleans())
+    max_tokens = draw(st.integers(0 if echo else 1, 6))
+    include_usage = is_stream and draw(st.booleans())
+    events = draw(st.booleans()) if client_events is None else client_events
+    disconnect_at = pause = drain = None
+    if events:
+        which = draw(st.sets(st.sampled_from(["disconnect", "pause", "drain"]), min_size=1))
+        if "disconnect" in which:
+            disconnect_at = draw(TIMES)
+        if "pause" in which:
+            pause = (draw(TIMES), draw(st.sampled_from([1.0, 6.0, 40.0, 100.0])))
+        if "drain" in which:
+            drain = (draw(TIMES), draw(st.sampled_from([0.0, 0.5, 2.0, 10.0])))
+    if stall:
+        pause = (draw(st.sampled_from([0.0, 0.5, 1.0, 2.0])), draw(st.sampled_from([10.0, 40.0])))
+    bad = None
+    if invalid is None:
+        bad = draw(st.none() | st.sampled_from(sorted(INVALID_BODIES)))
+    elif invalid:
+        bad = draw(st.sampled_from(sorted(INVALID_BODIES)))
+    return Scenario(
+        prompts=tuple(prompts),
+        n=draw(st.integers(1, 4)),
+        max_tokens=max_tokens,
+        stream=is_stream,
+        include_usage=include_usage,
+        continuous_usage=include_usage and draw(st.booleans()),
+        echo=echo,
+        logprobs=draw(st.none() | st.integers(0, 3)),
+        ignore_eos=draw(st.booleans()),
+        seed=draw(st.none() | st.integers(0, 3)),
+        invalid=bad,
+        token_delay=draw(st.sampled_from([0.0, 0.5, 1.0])),
+        step_delays=tuple(
+            tuple(p)
+            for p in draw(
+                st.lists(st.lists(st.sampled_from([0.0, 0.0, 0.1, 0.5, 3.0, 20.0]), max_size=4), min_size=1, max_size=4)
+            )
+        ),
+        read_delay=draw(st.sampled_from([0.0, 0.0, 0.2, 2.0])),
+        pause=pause,
+        disconnect_at=disconnect_at,
+        drain=drain,
+        heartbeat=draw(st.sampled_from([0.25, 1.0, 3.0, 15.0])),
+        stall_timeout=draw(st.sampled_from([1.0, 5.0] if stall else [1.0, 5.0, 30.0])),
+        buffer=draw(st.sampled_from([1, 2] if stall else [1, 2, 8, 64])),
+    )

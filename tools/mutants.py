@@ -1,0 +1,226 @@
+"""Mutation check for the property suite: does it catch these named defects? (``make mutants``)
+
+For each mutant: copy ``src/`` to a temporary directory, apply the mutant's exact-text patches
+(each ``old`` must occur exactly once, else the tool reports "patch did not apply" and fails: the
+server code moved and the mutant must be updated), run ``pytest property_tests`` with that copy
+first on ``PYTHONPATH`` and ``HYPOTHESIS_PROFILE=mutants``, and record which property killed it.
+An unmutated copy runs first and must pass. Prints a table; exits 1 if any mutant survived or
+did not apply, or if the baseline failed.
+
+    python tools/mutants.py [-j JOBS] [-k NAME_SUBSTRING] [--profile mutants]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    file: str  # relative to src/braid
+    patches: tuple[tuple[str, str], ...]
+    what: str
+
+
+MUTANTS = [
+    Mutant(
+        "no_sibling_abort",
+        "run.py",
+        (("                m.engine_errors.inc()\n                self.abort_all(err)",
+          "                m.engine_errors.inc()\n                self.error = self.error or err"),),
+        "an engine error is recorded but the sibling engine requests are not aborted",
+    ),
+    Mutant(
+        "no_abort_on_stall",
+        "run.py",
+        (("            except StreamStalled as err:\n                self.abort_all(err)",
+          "            except StreamStalled as err:\n                self.error = self.error or err"),),
+        "a stalled reader fails the run but its siblings keep generating",
+    ),
+    Mutant(
+        "second_done",
+        "merge.py",
+        (("        return DONE\n\n    def fail", "        return DONE + DONE\n\n    def fail"),),
+        "a stream without usage ends with two [DONE]",
+    ),
+    Mutant(
+        "usage_before_last_finish",
+        "merge.py",
+        (
+            ("Arrival = tuple[int, EngineOutput]", "_USAGE_SENT: set[int] = set()\nArrival = tuple[int, EngineOutput]"),
+            ("                parts.append(chunk(c, usage))",
+             "                parts.append(chunk(c, usage))\n"
+             "                if self.plan.include_usage and c.finish_reason is not None and id(self) not in _USAGE_SENT:\n"
+             "                    _USAGE_SENT.add(id(self))\n"
+             "                    parts.append(self._sse.usage(Usage(self.plan.prompt_tokens, self._renderer.completion_tokens)))"),
+            ("        if self.plan.include_usage:\n", "        if self.plan.include_usage and id(self) not in _USAGE_SENT:\n"),
+        ),
+        "the usage chunk is sent when the first choice finishes, not after the last",
+    ),
+    Mutant(
+        "usage_on_error",
+        "merge.py",
+        (("        return self._sse.error(err) + DONE",
+          "        return self._sse.usage(Usage(self.plan.prompt_tokens, self._renderer.completion_tokens)) + self._sse.error(err) + DONE"),),
+        "a failed stream sends a usage chunk before its error event",
+    ),
+    Mutant(
+        "error_without_done",
+        "merge.py",
+        (("        return self._sse.error(err) + DONE", "        return self._sse.error(err)"),),
+        "an error event is not followed by [DONE]",
+    ),
+    Mutant(
+        "index_prompt_plus_k",
+        "render.py",
+        (("            index = prompt_idx * plan.n + delta.index", "            index = prompt_idx + delta.index"),),
+        "choice index prompt_idx + k instead of prompt_idx * n + k",
+    ),
+    Mutant(
+        "prompt_tokens_per_choice",
+        "plan.py",
+        (("        return sum(len(item.request.prompt_token_ids) for item in self.items)",
+          "        return sum(len(item.request.prompt_token_ids) * self.n for item in self.items)"),),
+        "usage counts each prompt's tokens once per choice",
+    ),
+    Mutant(
+        "last_finish_reason_dropped",
+        "render.py",
+        (("                    finish_reason=delta.finish_reason,\n",
+          "                    finish_reason=None if self.all_finished else delta.finish_reason,\n"),),
+        "the finish_reason of the request's last chunk is dropped",
+    ),
+    Mutant(
+        "continuous_usage_whole_batch",
+        "merge.py",
+        (("Usage(self._prompt_tokens[prompt_idx], c.completion_tokens)", "Usage(self.plan.prompt_tokens, c.completion_tokens)"),),
+        "continuous usage reports the whole batch's prompt tokens on every chunk",
+    ),
+    Mutant(
+        "echo_missing",
+        "render.py",
+        (("                text = self.plan.items[prompt_idx].echo_text + text", "                text = text"),),
+        "echo drops the prompt text from the first chunk",
+    ),
+    Mutant(
+        "logprobs_offset_reset",
+        "render.py",
+        (("offset=state.offset,", "offset=0,"),),
+        "every chunk's text_offset restarts at 0",
+    ),
+    Mutant(
+        "heartbeat_late",
+        "http/body.py",
+        (("            with trio.move_on_after(self._heartbeat):", "            with trio.move_on_after(self._heartbeat * 4):"),),
+        "the idle heartbeat comes four periods late",
+    ),
+    Mutant(
+        "error_lost_at_end_of_channel",
+        "run.py",
+        (("        except trio.EndOfChannel:\n            if self.error is not None:\n                raise self.error from None\n            raise",
+          "        except trio.EndOfChannel:\n            raise"),),
+        "a run whose drivers all ended because of an error looks like a normal end",
+    ),
+]
+
+
+@dataclass
+class Result:
+    name: str
+    status: str  # killed | survived | patch did not apply | baseline passed | baseline FAILED
+    by: str
+    seconds: float
+
+
+_FAILED = re.compile(r"^FAILED (\S+?)(?: - |$)", re.M)
+_INV = re.compile(r"\b(I\d+ [a-z_]+):")
+
+
+def apply(mutant: Mutant, src: str) -> str | None:
+    path = os.path.join(src, "braid", mutant.file)
+    with open(path) as f:
+        text = f.read()
+    for old, new in mutant.patches:
+        count = text.count(old)
+        if count != 1:
+            return f"{mutant.file}: expected 1 match, found {count}: {old.splitlines()[0].strip()!r}"
+        text = text.replace(old, new)
+    with open(path, "w") as f:
+        f.write(text)
+    return None
+
+
+def run_one(mutant: Mutant | None, profile: str, python: str) -> Result:
+    name = mutant.name if mutant else "(baseline: no mutation)"
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="braid-mutant-") as tmp:
+        src = os.path.join(tmp, "src")
+        shutil.copytree(os.path.join(ROOT, "src", "braid"), os.path.join(src, "braid"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        if mutant is not None:
+            problem = apply(mutant, src)
+            if problem:
+                return Result(name, "patch did not apply", problem, time.monotonic() - start)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, ROOT]), "HYPOTHESIS_PROFILE": profile,
+               "BRAID_SRC_UNDER_TEST": src, "PYTHONDONTWRITEBYTECODE": "1"}
+        proc = subprocess.run(
+            [python, "-m", "pytest", "property_tests", "-x", "-q", "-p", "no:cacheprovider", "--tb=short"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
+        )
+    out = proc.stdout + proc.stderr
+    took = time.monotonic() - start
+    if mutant is None:
+        status = "baseline passed" if proc.returncode == 0 else "baseline FAILED"
+        return Result(name, status, "" if proc.returncode == 0 else out[-3000:], took)
+    if proc.returncode == 0:
+        return Result(name, "survived", "", took)
+    tests = [t.split("::")[-1] for t in _FAILED.findall(out)]
+    invariants = sorted(set(_INV.findall(out)))
+    if not tests:  # not a property failure: collection error, crash of the runner, ...
+        return Result(name, "error", out[-1500:], took)
+    by = ", ".join(tests) + (f" [{'; '.join(invariants[:3])}]" if invariants else "")
+    return Result(name, "killed", by, took)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("-k", default="", help="only mutants whose name contains this")
+    ap.add_argument("--profile", default="mutants")
+    ap.add_argument("--python", default=sys.executable)
+    args = ap.parse_args()
+    chosen = [m for m in MUTANTS if args.k in m.name]
+    base = run_one(None, args.profile, args.python)
+    print(f"baseline: {base.status} in {base.seconds:.0f} s", flush=True)
+    if base.status != "baseline passed":
+        print(base.by)
+        return 1
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        results = list(pool.map(lambda m: run_one(m, args.profile, args.python), chosen))
+    w = max(len(r.name) for r in results)
+    print(f"\n{'mutant'.ljust(w)}  {'result'.ljust(20)}  {'time':>5}  killed by")
+    print(f"{'-' * w}  {'-' * 20}  {'-' * 5}  {'-' * 40}")
+    for r in results:
+        print(f"{r.name.ljust(w)}  {r.status.ljust(20)}  {r.seconds:4.0f}s  {r.by if r.status != 'error' else 'runner error'}")
+    for r in results:
+        if r.status == "error":
+            print(f"\n--- {r.name}: the property run did not report a failing test:\n{r.by}")
+    bad = [r for r in results if r.status != "killed"]
+    print(f"\n{len(results) - len(bad)} of {len(results)} mutants killed.")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
