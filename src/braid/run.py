@@ -92,12 +92,16 @@ class CompletionRun:
                 async with self.engine.open_request(item.request) as outputs:
                     async for output in outputs:
                         finished = output.finished
-                        with trio.move_on_after(self.stall_timeout) as scope:
-                            await send.send((item.prompt_idx, output))
-                        if scope.cancelled_caught:
-                            raise StreamStalled(
-                                f"The client read nothing for {self.stall_timeout:g} s; the request was aborted."
-                            )
+                        arrival = (item.prompt_idx, output)
+                        try:
+                            send.send_nowait(arrival)  # the usual case; the engine loop checkpoints
+                        except trio.WouldBlock:
+                            with trio.move_on_after(self.stall_timeout) as scope:
+                                await send.send(arrival)
+                            if scope.cancelled_caught:
+                                raise StreamStalled(
+                                    f"The client read nothing for {self.stall_timeout:g} s; the request was aborted."
+                                ) from None
             except StreamStalled as err:
                 self.abort_all(err)
             except BraidError as err:
