@@ -32,14 +32,12 @@ class BraidError(Exception):
         self.param = param
 
     def body(self) -> dict[str, object]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.status,
-            }
-        }
+        return error_payload(self.message, self.type, self.param, self.status)
+
+
+def error_payload(message: str, type: str, param: str | None, code: int) -> dict[str, object]:
+    """vLLM's error body; ``code`` is the integer HTTP status."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
 class InvalidRequest(BraidError):

@@ -22,7 +22,7 @@ from braid.engine.base import EngineOutput, Tokenizer
 from braid.encode import DONE, SseEncoder, Usage, completion_body, logprobs_dict
 from braid.errors import BraidError
 from braid.plan import Plan
-from braid.render import ChoiceChunk, ChoiceRenderer, render_prompt_logprobs
+from braid.render import ChoiceChunk, ChoiceRenderer
 
 Arrival = tuple[int, EngineOutput]
 """One engine output, tagged with the index of the prompt it belongs to."""
@@ -150,4 +150,4 @@ class ResponseCollector:
         return completion_body(plan.meta, choices, usage)
 
 
-__all__ = ["Arrival", "Phase", "ProtocolViolation", "ResponseCollector", "StreamMerger", "render_prompt_logprobs"]
+__all__ = ["Arrival", "Phase", "ProtocolViolation", "ResponseCollector", "StreamMerger"]

@@ -152,9 +152,6 @@ class _Stream(Generic[T]):
     async def wait_finished(self) -> None:
         await self._finished.wait()
 
-    @property
-    def ended(self) -> bool:
-        return self._ended
 
 
 @attrs.define(eq=False)

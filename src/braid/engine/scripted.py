@@ -78,6 +78,9 @@ class ByteTokenizer:
         return bytes([token_id - _OFFSET]).decode("utf-8", errors="replace")
 
 
+_TOKENIZER = ByteTokenizer()
+
+
 def _unit(*parts: object) -> float:
     """A deterministic number in [0, 1) from the parts."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
@@ -90,7 +93,7 @@ def _logprob_of(*parts: object) -> float:
 
 def _top(token_id: int, k: int, *parts: object) -> TopLogprobs:
     """The logprobs dict at one position: the actual token first, then ``k`` ranked alternatives."""
-    tok = ByteTokenizer()
+    tok = _TOKENIZER
     out = {token_id: Logprob(_logprob_of(token_id, *parts), 1 + int(_unit("rank", *parts) * 4), tok.token_text(token_id))}
     rank = 1
     for alt in _ALPHABET:
@@ -143,7 +146,7 @@ class _Generation:
         elif token in p.stop_token_ids and choice.tokens > p.min_tokens:
             finish, stop_reason = "stop", token
         else:
-            choice.text += ByteTokenizer().token_text(token)
+            choice.text += _TOKENIZER.token_text(token)
             for s in p.stop:
                 at = choice.text.find(s, max(0, choice.emitted - len(s)))
                 if at >= 0:

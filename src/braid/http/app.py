@@ -24,7 +24,7 @@ from werkzeug.exceptions import HTTPException
 import braid
 from braid.encode import error_body
 from braid.engine.base import Engine
-from braid.errors import BraidError, EngineUnavailable, ModelNotFound, SchemaError
+from braid.errors import BraidError, EngineUnavailable, ModelNotFound, SchemaError, error_payload
 from braid.http.body import CompletionStream
 from braid.merge import ResponseCollector, StreamMerger
 from braid.metrics import Metrics
@@ -106,7 +106,7 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
     @app.errorhandler(HTTPException)
     async def _http_error(err: HTTPException) -> Response:
         code = err.code or 500
-        body = {"error": {"message": err.description or err.name, "type": err.name, "param": None, "code": code}}
+        body = error_payload(err.description or err.name, err.name, None, code)
         return _json(msgspec.json.encode(body), code)
 
     @app.errorhandler(Exception)
