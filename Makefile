@@ -35,6 +35,21 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -m "not vllm"
 
+# The parity tier alone (braid vs vLLM's own server), rewriting docs/parity.md.
+.PHONY: parity-report
+parity-report: install
+	BRAID_PARITY_REPORT=docs/parity.md $(BIN)/python -m pytest -q tests/parity
+
+# Benchmarks (issue 6): braid vs vLLM's own server vs the engine alone, written to
+# docs/benchmarks.md with plots in docs/bench/. About 20 minutes; BENCH_ARGS=--quick for a smoke run.
+# The front-end ceiling needs wrk (Debian: apt-get install wrk).
+BENCH_ARGS ?=
+.PHONY: bench
+bench: install
+	@$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/python -m pip install --quiet -e '.[$(EXTRAS),bench]'
+	@command -v wrk >/dev/null || { echo "make bench needs wrk: apt-get install -y wrk"; exit 1; }
+	$(BIN)/python -m bench.run $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) build src/*.egg-info
 

@@ -1,8 +1,14 @@
-"""Shared fixtures: braid on real hypercorn (loopback, port 0) inside the test's own trio run."""
+"""Shared fixtures: braid on real hypercorn (loopback, port 0) inside the test's own trio run,
+and (session-wide) one real ``braid serve --engine vllm`` for the vLLM and parity tiers."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from collections.abc import AsyncIterator
 from functools import partial
 
@@ -76,3 +82,41 @@ def parse_sse(raw: bytes) -> list[object]:
             assert block.startswith("data: "), block
             events.append(json.loads(block[len("data: ") :]))
     return events
+
+
+@attrs.frozen
+class VllmServer:
+    url: str
+    model: str
+    pid: int
+
+    def metric(self, name: str) -> float:
+        for line in httpx.get(self.url + "/metrics").text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise AssertionError(f"metric {name} not exposed")
+
+    def wait_engine_idle(self, within: float = 5.0) -> float:
+        start = time.monotonic()
+        while time.monotonic() - start < within:
+            if self.metric("braid_engine_requests_in_flight") == 0 and self.metric("braid_engine_unfinished_requests") == 0:
+                return time.monotonic() - start
+            time.sleep(0.01)
+        raise AssertionError(
+            f"engine not idle after {within} s: braid in flight {self.metric('braid_engine_requests_in_flight')}, "
+            f"vLLM unfinished {self.metric('braid_engine_unfinished_requests')}"
+        )
+
+
+@pytest.fixture(scope="session")
+def vllm_server() -> Iterator[VllmServer]:
+    """One braid on vLLM for the whole session. No --model: the default tiny model is built
+    (once per machine, cached) and served, as ``make serve`` does."""
+    from tools.servers import run_braid
+
+    log = Path(os.environ.get("BRAID_VLLM_LOG", "/tmp/braid-vllm-tier.log"))
+    with run_braid("--fault-hooks", seed=0, log=log) as server:
+        yield VllmServer(server.url, server.model, server.pid)
+        # a clean drain on SIGTERM is part of what the tier checks
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(60) == 0

@@ -73,11 +73,15 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+# Engine sizing for the tiny default model on a 2-core CPU machine. The parity tier and the
+# benchmarks start vLLM's own server with exactly these, so both front ends drive the same engine.
+TINY_MODEL_ENGINE_ARGS: dict[str, Any] = {"max_model_len": 1024, "max_num_seqs": 64, "max_num_batched_tokens": 2048}
+
+
 def _vllm_kwargs(args: argparse.Namespace, default_model: bool) -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
     if default_model:
-        # sized for the tiny model on a 2-core CPU machine
-        kwargs.update(max_model_len=1024, max_num_seqs=64, max_num_batched_tokens=2048)
+        kwargs.update(TINY_MODEL_ENGINE_ARGS)
     for name in ("dtype", "max_model_len", "max_num_seqs", "tensor_parallel_size", "distributed_executor_backend", "seed"):
         value = getattr(args, name)
         if value is not None:

@@ -95,8 +95,10 @@ def completion_body(meta: ResponseMeta, choices: list[dict[str, object]], usage:
             "choices": choices,
             "service_tier": None,
             "system_fingerprint": None,
-            "usage": {**usage.as_dict(), "prompt_tokens_details": None},
+            "usage": {**usage.as_dict(), "prompt_tokens_details": None, "completion_tokens_details": None},
             "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
         }
     )
 

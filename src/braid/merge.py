@@ -144,6 +144,7 @@ class ResponseCollector:
                     "token_ids": ch.token_ids if plan.return_token_ids else None,
                     "prompt_logprobs": ch.first.prompt_logprobs,
                     "prompt_token_ids": ch.first.prompt_token_ids,
+                    "routed_experts": None,
                 }
             )
         usage = Usage(plan.prompt_tokens, self._renderer.completion_tokens)

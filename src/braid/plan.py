@@ -80,6 +80,40 @@ def _sampling_params(req: CompletionRequest, max_tokens: int) -> SamplingParams:
     )
 
 
+def _fit(params: SamplingParams, prompt_len: int, limit: int, i: int, req: CompletionRequest) -> SamplingParams:
+    """vLLM 0.32's length rule: a prompt longer than the context is refused; otherwise
+    ``max_tokens`` shrinks to the room the prompt leaves, and a prompt that leaves no room is
+    refused as vLLM refuses it (``max_tokens`` would be 0)."""
+    if prompt_len > limit:
+        raise InvalidRequest(
+            f"This model's maximum context length is {limit} tokens. However, your prompt contains {prompt_len} "
+            "input tokens, which exceeds this limit even without any output tokens. Please reduce the length of "
+            f"the input prompt. (prompt[{i}])",
+            param="input_tokens",
+        )
+    room = limit - prompt_len
+    if room == 0:
+        if req.echo and req.max_tokens == 0:
+            raise InvalidRequest(
+                f"prompt[{i}]: the decoder prompt (length {prompt_len}) plus the number of requested output tokens "
+                f"(at least 1) is longer than the maximum model length of {limit}."
+            )
+        raise InvalidRequest(
+            f"max_tokens must be at least 1, got 0 (prompt[{i}] has {prompt_len} tokens and fills the "
+            f"context of {limit}).",
+            param="max_tokens",
+        )
+    if params.max_tokens <= room:
+        return params
+    if req.min_tokens > room:
+        raise InvalidRequest(
+            f"min_tokens must be less than or equal to max_tokens={room}, got {req.min_tokens} "
+            f"(prompt[{i}] leaves room for {room} tokens).",
+            param="min_tokens",
+        )
+    return attrs.evolve(params, max_tokens=room)
+
+
 def make_plan(
     req: CompletionRequest, info: ModelInfo, tokenizer: Tokenizer, *, request_id: str, created: int
 ) -> Plan:
@@ -109,14 +143,8 @@ def make_plan(
                 )
             ids = ids[-keep:] if keep > 0 else ()
         if not ids:
-            raise InvalidRequest(f"prompt[{i}]: the decoder prompt cannot be empty.", param="prompt")
-        if len(ids) > room:
-            raise InvalidRequest(
-                f"You passed {len(ids)} input tokens and requested {req.max_tokens} output tokens. However, the "
-                f"model's context length is only {limit} tokens, resulting in a maximum input length of "
-                f"{room} tokens. Please reduce the length of the input prompt. (prompt[{i}])",
-                param="input_tokens",
-            )
+            raise InvalidRequest(f"prompt[{i}]: the decoder prompt cannot be empty.")
+        item_params = _fit(params, len(ids), limit, i, req)
         if not req.echo or req.return_token_ids:
             echo_text = ""  # vLLM echoes "" with return_token_ids
         elif isinstance(prompt, TextPrompt) and req.truncate_prompt_tokens is None:
@@ -124,7 +152,7 @@ def make_plan(
         else:
             echo_text = tokenizer.decode(ids, skip_special_tokens=req.skip_special_tokens)
         text = prompt.text if isinstance(prompt, TextPrompt) else None
-        items.append(PlanItem(i, EngineRequest(f"{request_id}-{i}", ids, params, text), echo_text))
+        items.append(PlanItem(i, EngineRequest(f"{request_id}-{i}", ids, item_params, text), echo_text))
     return Plan(
         meta=ResponseMeta(request_id, created, info.name),
         items=tuple(items),

@@ -170,7 +170,9 @@ class ChoiceRenderer:
                     finish_reason=delta.finish_reason,
                     stop_reason=delta.stop_reason,
                     token_ids=delta.token_ids if plan.return_token_ids else None,
-                    prompt_token_ids=prompt_ids if plan.return_token_ids and first else None,
+                    # vLLM's streams carry the prompt ids on an echoing first chunk even
+                    # without return_token_ids (its non-streamed bodies do not)
+                    prompt_token_ids=prompt_ids if first and (plan.return_token_ids or (plan.echo and plan.stream)) else None,
                     prompt_logprobs=prompt_lps,
                     completion_tokens=state.tokens,
                 )

@@ -13,6 +13,7 @@ cannot honour are refused with a 400 rather than silently ignored.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any
@@ -163,10 +164,55 @@ def decode_body(body: bytes) -> _Body:
     except msgspec.ValidationError as exc:
         text = str(exc)
         m = _PATH.search(text)
-        param = m.group(1) if m and m.group(1) else None
-        raise SchemaError(f"Invalid request body: {text}", param=param) from None
+        raise SchemaError(f"Invalid request body: {text}", param=_loc(m.group(1) if m else None, body)) from None
     except msgspec.DecodeError as exc:
-        raise SchemaError(f"The request body is not valid JSON: {exc}") from None
+        raise SchemaError(f"The request body is not valid JSON: {exc}", param=_json_error_loc(body)) from None
+
+
+# Fields whose type is a union with a plain string: pydantic reports the string member's
+# failure first, at the field itself.
+_STR_UNIONS = ("stop",)
+
+
+def _loc(path: str | None, body: bytes) -> str:
+    """msgspec's ``$.a[0].b`` as vLLM's pydantic location ``body.a.0.b`` (``body`` for the root)."""
+    if not path:
+        return "body"
+    path = path.lstrip("$.")
+    field = path.split("[", 1)[0].split(".", 1)[0]
+    if field in _STR_UNIONS:
+        return f"body.{field}"
+    if "[...]" in path:
+        # msgspec does not name a dict's key; pydantic does: find the first bad value
+        key = _first_bad_key(body, field)
+        return f"body.{field}" if key is None else f"body.{field}.{key}"
+    return "body." + path.replace("][", ".").replace("[", ".").replace("]", "")
+
+
+def _first_bad_key(body: bytes, field: str) -> str | None:
+    try:
+        value = json.loads(body).get(field)
+    except (ValueError, AttributeError):
+        return None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                return k
+    return None
+
+
+def _json_error_loc(body: bytes) -> str:
+    """vLLM (FastAPI) names a JSON syntax error ``body.<character offset>``, as Python's json
+    finds it; an empty body is a missing body, named ``body``."""
+    if not body:
+        return "body"
+    try:
+        json.loads(body)
+    except json.JSONDecodeError as exc:
+        return f"body.{exc.pos}"
+    except ValueError:
+        pass
+    return "body"
 
 
 def _type_name(value: object) -> str:
@@ -191,7 +237,7 @@ def _token_id(value: object, where: str, vocab_size: int) -> int:
     if value < 0:
         raise _schema(f"{where}: token id {value} is negative.", "prompt")
     if value >= vocab_size:
-        raise _bad(f"{where}: token id {value} is out of vocabulary (vocabulary size {vocab_size}).", "prompt")
+        raise _bad(f"{where}: token id {value} is out of vocabulary (vocabulary size {vocab_size}).")
     return value
 
 
@@ -204,12 +250,25 @@ def parse_prompts(value: object, limits: Limits) -> tuple[Prompt, ...]:
 
     ``"text"`` and ``[1, 2]`` are one prompt; ``["a", "b"]`` and ``[[1], [2]]`` are a batch.
     """
-    if value is None or value == "" or value == []:
-        raise _schema(_EMPTY, "prompt")
+    if value == []:
+        raise _bad("You must pass at least one prompt")
+    if value is None or value == "":
+        raise _bad(_EMPTY, "prompt")
     if isinstance(value, str):
         return (TextPrompt(value),)
     if not isinstance(value, list):
-        raise _schema(f"prompt must be {_SHAPES}; got {_type_name(value)}.", "prompt")
+        raise _schema(f"prompt must be {_SHAPES}; got {_type_name(value)}.", "body.prompt")
+    try:
+        return _parse_prompt_list(value, limits)
+    except SchemaError as exc:
+        # vLLM's pydantic union reports the list[int] member first: its location is the first
+        # element that is not a non-negative integer
+        where = next((i for i, t in enumerate(value) if type(t) is not int or t < 0), None)
+        exc.param = "body.prompt" if where is None else f"body.prompt.{where}"
+        raise
+
+
+def _parse_prompt_list(value: list[object], limits: Limits) -> tuple[Prompt, ...]:
     first = value[0]
     if isinstance(first, str):
         for i, p in enumerate(value):
@@ -222,7 +281,7 @@ def parse_prompts(value: object, limits: Limits) -> tuple[Prompt, ...]:
             if not isinstance(p, list):
                 raise _schema(f"prompt[{i}]: a list of token-id lists cannot hold {_type_name(p)}; prompt must be {_SHAPES}.", "prompt")
             if not p:
-                raise _bad(f"prompt[{i}]: the token-id list is empty (the decoder prompt cannot be empty).", "prompt")
+                raise _bad(f"prompt[{i}]: the token-id list is empty (the decoder prompt cannot be empty).")
             for j, t in enumerate(p):
                 if isinstance(t, list | dict):
                     raise _schema(f"prompt[{i}][{j}]: token ids must be integers, got {_type_name(t)}.", "prompt")
@@ -236,7 +295,7 @@ def parse_prompts(value: object, limits: Limits) -> tuple[Prompt, ...]:
             ids.append(_token_id(t, f"prompt[{j}]", limits.vocab_size))
         return (TokenPrompt(tuple(ids)),)
     if len(prompts) > limits.max_prompts:
-        raise _schema(
+        raise _bad(
             f"prompt list length {len(prompts)} exceeds the maximum allowed count of {limits.max_prompts}.",
             "prompt",
         )
@@ -275,7 +334,7 @@ def _check_fields(b: _Body, limits: Limits) -> None:
         if name == "response_format" and isinstance(value, dict) and value.get("type") == "text":
             value = None
         if value is not None:
-            raise _bad(message, None if name == "suffix" else name)
+            raise _bad(message, name)
     if b.best_of is not None and b.best_of != b.n:
         raise _bad("best_of is not supported by braid (it must equal n when given).", "best_of")
     if b.priority != 0:
@@ -283,9 +342,9 @@ def _check_fields(b: _Body, limits: Limits) -> None:
     so = b.stream_options
     if so is not None and (so.include_usage is not None or so.continuous_usage_stats is not None) and not b.stream:
         # vLLM checks the truthiness of the dict: `{}` is allowed without `stream`.
-        raise SchemaError("Stream options can only be defined when `stream=True`.", param="stream_options")
+        raise _bad("Stream options can only be defined when `stream=True`.", "stream_options")
     if b.n < 1 or b.n > limits.max_n:
-        raise _bad(f"n must be between 1 and {limits.max_n}, got {b.n}.", "n")
+        raise _bad(f"n must be between 1 and {limits.max_n}, got {b.n}.")
     if b.max_tokens is not None and b.max_tokens < 1 and not (b.echo and b.max_tokens == 0):
         raise _bad(f"max_tokens must be at least 1, got {b.max_tokens}.", "max_tokens")
     _check_range("temperature", b.temperature, 0.0, 2.0)
@@ -312,10 +371,10 @@ def _check_fields(b: _Body, limits: Limits) -> None:
         if asked > limits.max_logprobs:
             raise _bad(f"Requested {name} of {asked}, which is greater than the maximum allowed: {limits.max_logprobs}.", name)
     if b.stream and b.prompt_logprobs is not None and b.prompt_logprobs != 0:
-        raise _schema("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
+        raise _bad("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
     stops = [b.stop] if isinstance(b.stop, str) else (b.stop or [])
     if any(s == "" for s in stops):
-        raise _bad("stop cannot contain an empty string.", "stop")
+        raise _bad("stop cannot contain an empty string.")
     if len(stops) > limits.max_stop:
         raise _bad(f"at most {limits.max_stop} stop strings are allowed, got {len(stops)}.", "stop")
     for name in ("stop_token_ids", "allowed_token_ids"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import pytest
 
 from braid.engine.base import ModelInfo
@@ -62,7 +63,8 @@ def test_token_prompts_are_kept_as_given() -> None:
 
 def test_empty_text_prompt_without_bos_is_refused() -> None:
     err = refuse(prompt=["x", ""], add_special_tokens=False)
-    assert err.param == "prompt" and "prompt[1]" in err.message
+    assert (err.type, err.param) == ("BadRequestError", None)
+    assert err.message == "prompt[1]: the decoder prompt cannot be empty."
     assert plan(prompt=["x", ""]).items[1].request.prompt_token_ids == (BOS,)
 
 
@@ -81,22 +83,76 @@ def test_max_tokens_over_max_model_len_is_400_max_tokens() -> None:
     assert "33" in err.message and "32" in err.message
 
 
-def test_prompt_that_does_not_fit_is_400_input_tokens() -> None:
-    # room = 32 - 12 = 20 prompt tokens; "x"*19 is 20 tokens with BOS, "x"*20 is 21.
-    assert len(plan(SMALL, prompt="x" * 19, max_tokens=12).items[0].request.prompt_token_ids) == 20
-    err = refuse(SMALL, prompt=["ok", "x" * 20], max_tokens=12)
-    assert err.param == "input_tokens"
-    assert "21 input tokens" in err.message and "12 output tokens" in err.message
-    assert "prompt[1]" in err.message
+# vLLM 0.32's length rule (SMALL: max_model_len 32). A prompt longer than the context is
+# refused; one that fills it exactly leaves max_tokens 0 and is refused; any other prompt is
+# accepted and its engine max_tokens shrinks to the room it leaves, per prompt.
 
 
-def test_token_prompt_that_does_not_fit_is_400_input_tokens() -> None:
-    assert plan(SMALL, prompt=[[5] * 16], max_tokens=16).items[0].request.prompt_token_ids == (5,) * 16
-    assert refuse(SMALL, prompt=[[5] * 17], max_tokens=16).param == "input_tokens"
+def max_tokens_of(p: Plan) -> list[int]:
+    return [it.request.params.max_tokens for it in p.items]
 
 
-def test_max_tokens_equal_to_max_model_len_leaves_no_room() -> None:
-    assert refuse(SMALL, prompt=[5], max_tokens=32).param == "input_tokens"
+def test_prompt_longer_than_the_context_is_400_input_tokens() -> None:
+    err = refuse(SMALL, prompt=["ok", "x" * 32], max_tokens=12)  # 33 tokens with BOS
+    assert (err.type, err.param) == ("BadRequestError", "input_tokens")
+    assert err.message == (
+        "This model's maximum context length is 32 tokens. However, your prompt contains 33 input tokens, "
+        "which exceeds this limit even without any output tokens. Please reduce the length of the input "
+        "prompt. (prompt[1])"
+    )
+
+
+def test_token_prompt_longer_than_the_context_is_400_input_tokens() -> None:
+    err = refuse(SMALL, prompt=[[5] * 33], max_tokens=1)
+    assert (err.param, err.message.endswith("(prompt[0])")) == ("input_tokens", True)
+    assert "your prompt contains 33 input tokens" in err.message
+    assert refuse(SMALL, prompt=[5] * 33, max_tokens=1).param == "input_tokens"  # a flat token list
+    assert refuse(SMALL, prompt=[[5] * 33], echo=True, max_tokens=0).param == "input_tokens"
+
+
+@pytest.mark.parametrize("prompt", ["x" * 31, [[5] * 32], [5] * 32], ids=["text", "token-list", "flat"])
+def test_prompt_that_fills_the_context_is_400_max_tokens(prompt: object) -> None:
+    err = refuse(SMALL, prompt=prompt, max_tokens=16)
+    assert (err.type, err.param) == ("BadRequestError", "max_tokens")
+    assert err.message == "max_tokens must be at least 1, got 0 (prompt[0] has 32 tokens and fills the context of 32)."
+    assert refuse(SMALL, prompt=prompt, max_tokens=1).param == "max_tokens"
+    assert refuse(SMALL, prompt=prompt, echo=True, max_tokens=5).param == "max_tokens"  # echo alone changes nothing
+
+
+def test_echo_with_zero_max_tokens_and_a_prompt_that_fills_the_context_is_400_without_param() -> None:
+    err = refuse(SMALL, prompt=["a", "x" * 31], echo=True, max_tokens=0)
+    assert (err.type, err.param) == ("BadRequestError", None)
+    assert err.message == (
+        "prompt[1]: the decoder prompt (length 32) plus the number of requested output tokens (at least 1) "
+        "is longer than the maximum model length of 32."
+    )
+
+
+def test_a_prompt_that_leaves_less_room_than_max_tokens_gets_max_tokens_shrunk() -> None:
+    p = plan(SMALL, prompt=["ok", "x" * 28, "x" * 30], max_tokens=16)  # 3, 29 and 31 tokens with BOS
+    assert [len(it.request.prompt_token_ids) for it in p.items] == [3, 29, 31]
+    assert max_tokens_of(p) == [16, 3, 1]
+    # only max_tokens changes: the rest of the sampling params are the request's
+    first, second, third = (it.request.params for it in p.items)
+    assert attrs.evolve(second, max_tokens=16) == first == attrs.evolve(third, max_tokens=16)
+    assert p.prompt_tokens == 3 + 29 + 31
+
+
+def test_shrinking_is_per_prompt_and_leaves_prompts_that_fit_alone() -> None:
+    p = plan(SMALL, prompt=[[5] * 20, [6] * 10, [7] * 28], max_tokens=12, n=2)
+    assert max_tokens_of(p) == [12, 12, 4]
+    assert [it.request.params.n for it in p.items] == [2, 2, 2]
+    assert max_tokens_of(plan(SMALL, prompt=[[5] * 16], max_tokens=16)) == [16]  # exactly fits: unchanged
+    assert max_tokens_of(plan(SMALL, prompt=[[5] * 17], max_tokens=16)) == [15]
+
+
+def test_default_max_tokens_shrinks_too() -> None:
+    assert max_tokens_of(plan(SMALL, prompt="x" * 25)) == [6]  # 26 tokens; default 16
+
+
+def test_max_tokens_equal_to_max_model_len_is_accepted_and_shrunk() -> None:
+    assert max_tokens_of(plan(SMALL, prompt=[5], max_tokens=32)) == [31]
+    assert max_tokens_of(plan(SMALL, prompt="a", max_tokens=32)) == [30]
 
 
 @pytest.mark.parametrize(
@@ -136,8 +192,11 @@ def test_echo_with_zero_max_tokens_generates_one_hidden_token() -> None:
 
 
 def test_echo_with_zero_max_tokens_still_needs_room_for_one_token() -> None:
-    assert plan(SMALL, prompt=[[5] * 31], echo=True, max_tokens=0).items[0].request.params.max_tokens == 1
-    assert refuse(SMALL, prompt=[[5] * 32], echo=True, max_tokens=0).param == "input_tokens"
+    p = plan(SMALL, prompt=[[5] * 31], echo=True, max_tokens=0)
+    assert max_tokens_of(p) == [1] and p.hide_completion
+    err = refuse(SMALL, prompt=[[5] * 32], echo=True, max_tokens=0)
+    assert (err.type, err.param) == ("BadRequestError", None)
+    assert "the decoder prompt (length 32)" in err.message
 
 
 def test_truncate_prompt_tokens_keeps_the_last_tokens() -> None:

@@ -218,8 +218,9 @@ async def test_stream_chunk_shape() -> None:
     for e in content_chunks(events):
         assert set(e) == {"id", "object", "created", "model", "choices"}
         assert (e["id"], e["object"], e["created"], e["model"]) == ("cmpl-test", "text_completion", 1700000000, "scripted")
-        assert set(e["choices"][0]) == CHOICE_KEYS
+        assert set(e["choices"][0]) == CHOICE_KEYS  # no routed_experts in a stream
         assert e["choices"][0]["logprobs"] is None and e["choices"][0]["token_ids"] is None
+        assert e["choices"][0]["prompt_token_ids"] is None  # no echo, no return_token_ids
 
 
 async def test_concurrent_prompts_in_true_arrival_order() -> None:
@@ -265,8 +266,29 @@ async def test_non_streaming_usage_counts_prompts_once_and_sums_completions() ->
         "total_tokens": 7 + exp.completion_tokens,
         "completion_tokens": exp.completion_tokens,
         "prompt_tokens_details": None,
+        "completion_tokens_details": None,
     }
     assert exp.completion_tokens == sum(len(ids) for ids in exp.token_ids.values()) > 0
+
+
+async def test_non_streaming_body_has_vllms_shape() -> None:
+    """vLLM 0.32's CompletionResponse: every field present, in its order, the unused ones null."""
+    _, _, whole = await run_whole({"prompt": ["abc", "de"], "n": 2, "max_tokens": 5})
+    assert list(whole) == [
+        "id", "object", "created", "model", "choices", "service_tier", "system_fingerprint", "usage",
+        "kv_transfer_params", "ec_transfer_params", "metrics",
+    ]
+    assert (whole["id"], whole["object"], whole["created"], whole["model"]) == ("cmpl-test", "text_completion", 1700000000, "scripted")
+    assert [whole[k] for k in ("service_tier", "system_fingerprint", "kv_transfer_params", "ec_transfer_params", "metrics")] == [None] * 5
+    assert list(whole["usage"]) == ["prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details", "completion_tokens_details"]
+    assert len(whole["choices"]) == 4
+    for c in whole["choices"]:
+        assert list(c) == [
+            "index", "text", "logprobs", "finish_reason", "stop_reason", "token_ids", "prompt_logprobs",
+            "prompt_token_ids", "routed_experts",
+        ]
+        assert c["routed_experts"] is None
+        assert (c["logprobs"], c["token_ids"], c["prompt_logprobs"], c["prompt_token_ids"]) == (None, None, None, None)
 
 
 async def test_include_usage_gives_one_usage_chunk_just_before_one_done() -> None:
@@ -605,6 +627,43 @@ async def test_return_token_ids() -> None:
 async def test_no_token_ids_unless_asked() -> None:
     _, _, whole = await run_whole({"prompt": ["ab"], "max_tokens": 4})
     assert whole["choices"][0]["token_ids"] is None and whole["choices"][0]["prompt_token_ids"] is None
+    _, _, events = await run_stream({"prompt": ["ab"], "max_tokens": 4})
+    assert all(p["prompt_token_ids"] is None and p["token_ids"] is None for p in by_index(events)[0])
+
+
+@pytest.mark.parametrize(
+    ("prompt", "ids"),
+    [(["ab", "xyz"], [[BOS, *ids_of("ab")], [BOS, *ids_of("xyz")]]), ([[9, 10], [7, 8, 9]], [[9, 10], [7, 8, 9]])],
+    ids=["text", "tokens"],
+)
+@pytest.mark.parametrize("logprobs", [None, 1])
+async def test_echo_stream_carries_prompt_token_ids_on_each_choices_first_chunk(
+    prompt: list, ids: list[list[int]], logprobs: int | None
+) -> None:
+    """vLLM's streams put the prompt ids on an echoing choice's first chunk even without
+    return_token_ids; its non-streamed bodies do not, and token_ids stay null in both."""
+    body: dict = {"prompt": prompt, "n": 2, "max_tokens": 4, "echo": True, "ignore_eos": True}
+    if logprobs is not None:
+        body["logprobs"] = logprobs
+    _, _, events = await run_stream(body, seed=5)
+    chunks = by_index(events)
+    assert sorted(chunks) == [0, 1, 2, 3]
+    wanted = {0: ids[0], 1: ids[0], 2: ids[1], 3: ids[1]}
+    for g, parts in chunks.items():
+        assert len(parts) > 1
+        assert parts[0]["prompt_token_ids"] == wanted[g]
+        assert all(p["prompt_token_ids"] is None for p in parts[1:])
+        assert all(p["token_ids"] is None for p in parts)
+    _, _, whole = await run_whole(body)
+    assert [c["prompt_token_ids"] for c in whole["choices"]] == [None] * 4
+    assert [c["token_ids"] for c in whole["choices"]] == [None] * 4
+
+
+async def test_echo_stream_with_zero_max_tokens_carries_prompt_token_ids() -> None:
+    _, _, events = await run_stream({"prompt": ["abc", "de"], "max_tokens": 0, "echo": True})
+    chunks = by_index(events)
+    assert {g: parts[0]["prompt_token_ids"] for g, parts in chunks.items()} == {0: [BOS, *ids_of("abc")], 1: [BOS, *ids_of("de")]}
+    assert {g: "".join(p["text"] for p in parts) for g, parts in chunks.items()} == {0: "abc", 1: "de"}
 
 
 async def test_echo_with_return_token_ids_echoes_no_text() -> None:
@@ -738,7 +797,8 @@ def test_property_stream_equals_non_stream(body: dict, seed: int) -> None:
     assert events.count("[DONE]") == 1 and events[-1] == "[DONE]"
     usage = events[-2]
     assert usage["choices"] == []
-    assert usage["usage"] == {k: v for k, v in whole["usage"].items() if k != "prompt_tokens_details"}
+    assert whole["usage"]["prompt_tokens_details"] is None and whole["usage"]["completion_tokens_details"] is None
+    assert usage["usage"] == {k: v for k, v in whole["usage"].items() if not k.endswith("_details")}
     assert whole["usage"]["prompt_tokens"] == exp.prompt_tokens
     assert whole["usage"]["completion_tokens"] == exp.completion_tokens
     chunks = by_index(events)
@@ -751,9 +811,15 @@ def test_property_stream_equals_non_stream(body: dict, seed: int) -> None:
         assert "".join(p["text"] for p in parts) == c["text"]
         echo = plan.items[g // plan.n].echo_text
         assert c["text"] == echo + ("" if plan.hide_completion else exp.text[g])
+        assert c["routed_experts"] is None
         if plan.return_token_ids:
             assert [t for p in parts for t in p["token_ids"]] == c["token_ids"] == exp.token_ids[g]
             assert parts[0]["prompt_token_ids"] == c["prompt_token_ids"] == list(exp.prompt_ids[g])
+        else:
+            assert c["token_ids"] is None and c["prompt_token_ids"] is None
+            # a stream echoes the prompt ids on the first chunk even without return_token_ids
+            assert parts[0]["prompt_token_ids"] == (list(exp.prompt_ids[g]) if plan.echo else None)
+        assert all(p["prompt_token_ids"] is None for p in parts[1:])
         if plan.logprobs is None:
             assert c["logprobs"] is None and all(p["logprobs"] is None for p in parts)
         else:

@@ -58,59 +58,53 @@ def test_prompt_shapes(prompt: object, expected: tuple) -> None:
     assert parse_prompts(prompt, LIMITS) == expected
 
 
-@pytest.mark.parametrize(
-    "prompt",
-    [
-        "",
-        [],
-        None,
-        _MISSING,
-        [[]],
-        [[1], []],
-        [1, "a"],
-        [[1], "a"],
-        [["a"]],
-        ["a", 1],
-        ["a", ["b"]],
-        [1, [2]],
-        [[1], [2, [3]]],
-        [{"x": 1}],
-        {"x": 1},
-        3,
-        2.5,
-        True,
-        [None],
-        [[None]],
-    ],
-    ids=repr,
-)
-def test_bad_prompt_shapes_are_400_with_param_prompt(prompt: object) -> None:
+# (type, param) of vLLM 0.32's answer to each bad prompt, as its server gave them (the parity
+# tier checks the same against the live server). Schema errors name pydantic's location of the
+# first failing union member (list[int]): the first element that is not a non-negative integer.
+BAD_PROMPTS = [
+    ("", "BadRequestError", "prompt"),
+    (None, "BadRequestError", "prompt"),
+    (_MISSING, "BadRequestError", "prompt"),
+    ([], "BadRequestError", None),
+    ([[]], "BadRequestError", None),
+    ([[1], []], "BadRequestError", None),
+    ([VOCAB], "BadRequestError", None),
+    ([[1], [VOCAB]], "BadRequestError", None),
+    ([1, "a"], "Bad Request", "body.prompt.1"),
+    ([[1], "a"], "Bad Request", "body.prompt.0"),
+    ([["a"]], "Bad Request", "body.prompt.0"),
+    (["a", 1], "Bad Request", "body.prompt.0"),
+    (["a", ["b"]], "Bad Request", "body.prompt.0"),
+    ([1, [2]], "Bad Request", "body.prompt.1"),
+    ([[1], [2, [3]]], "Bad Request", "body.prompt.0"),
+    ([{"x": 1}], "Bad Request", "body.prompt.0"),
+    ([None], "Bad Request", "body.prompt.0"),
+    ([[None]], "Bad Request", "body.prompt.0"),
+    ([-1], "Bad Request", "body.prompt.0"),
+    ([[5], [-1]], "Bad Request", "body.prompt.0"),
+    ([3, -1], "Bad Request", "body.prompt.1"),
+    ({"x": 1}, "Bad Request", "body.prompt"),
+    (3, "Bad Request", "body.prompt"),
+    (2.5, "Bad Request", "body.prompt"),
+    (True, "Bad Request", "body.prompt"),
+    (["x"] * 1025, "BadRequestError", "prompt"),
+]
+
+
+@pytest.mark.parametrize(("prompt", "type_", "param"), BAD_PROMPTS, ids=lambda p: repr(p)[:30])
+def test_bad_prompts_get_vllms_error_type_and_param(prompt: object, type_: str, param: str | None) -> None:
     err = refuse(prompt=prompt)
-    assert err.param == "prompt"
+    assert err.status == 400
+    assert (err.body()["error"]["type"], err.param) == (type_, param)
 
 
-@pytest.mark.parametrize("prompt", ["", [], None, _MISSING], ids=repr)
+@pytest.mark.parametrize("prompt", ["", None, _MISSING], ids=repr)
 def test_empty_prompt_message(prompt: object) -> None:
     assert refuse(prompt=prompt).message == "Either prompt or prompt_embeds must be provided and non-empty."
 
 
-@pytest.mark.parametrize(
-    "prompt",
-    ["", None, _MISSING, [1, "a"], [[1], "a"], [["a"]], {"x": 1}, 3, [-1], [[-1]], ["x"] * 1025],
-    ids=lambda p: repr(p)[:30],
-)
-def test_prompt_schema_errors_have_the_pydantic_error_type(prompt: object) -> None:
-    err = refuse(prompt=prompt)
-    assert err.param == "prompt"
-    assert err.body()["error"]["type"] == "Bad Request"
-
-
-@pytest.mark.parametrize("prompt", [[[]], [[1], []], [VOCAB], [[1], [VOCAB]]], ids=repr)
-def test_engine_side_prompt_errors_have_the_bad_request_error_type(prompt: object) -> None:
-    """vLLM rejects these in the engine (VLLMValidationError): type "BadRequestError"."""
-    err = refuse(prompt=prompt)
-    assert err.param == "prompt"
-    assert err.body()["error"]["type"] == "BadRequestError"
+def test_empty_prompt_list_message() -> None:
+    assert refuse(prompt=[]).message == "You must pass at least one prompt"
 
 
 def test_empty_inner_list_names_its_index() -> None:
@@ -118,36 +112,43 @@ def test_empty_inner_list_names_its_index() -> None:
     assert "prompt[0]" in refuse(prompt=[[]]).message
 
 
+# The message names braid's own position of the fault (prompt[i][j]); param is vLLM's: the
+# pydantic location of the first prompt element that is not a non-negative int for a schema
+# error, None for an out-of-vocabulary id (the engine's VLLMValidationError has no parameter).
 @pytest.mark.parametrize(
-    ("prompt", "where", "shown"),
+    ("prompt", "where", "shown", "type_", "param"),
     [
-        ([[1, 2], [3, 4, 5, True]], "prompt[1][3]", "true"),
-        ([[1, 2], [3, 4, 5, False]], "prompt[1][3]", "false"),
-        ([[1, 2], [3, 4, 5, 2.0]], "prompt[1][3]", "2.0"),
-        ([[1, 2], [3, 4, 5, "3"]], "prompt[1][3]", "'3'"),
-        ([[1, 2], [3, 4, 5, -1]], "prompt[1][3]", "-1"),
-        ([[1, 2], [3, 4, 5, VOCAB]], "prompt[1][3]", str(VOCAB)),
-        ([[1, 2], [3, 4, 5, 2**70]], "prompt[1][3]", str(2**70)),
-        ([[True]], "prompt[0][0]", "true"),
-        ([1, 2, True], "prompt[2]", "true"),
-        ([1, 2.0], "prompt[1]", "2.0"),
-        ([1, "3"], "prompt[1]", "'3'"),
-        ([7, 8, -1], "prompt[2]", "-1"),
-        ([7, VOCAB], "prompt[1]", str(VOCAB)),
-        ([True, 1], "prompt[0]", "true"),
+        ([[1, 2], [3, 4, 5, True]], "prompt[1][3]", "true", "Bad Request", "body.prompt.0"),
+        ([[1, 2], [3, 4, 5, False]], "prompt[1][3]", "false", "Bad Request", "body.prompt.0"),
+        ([[1, 2], [3, 4, 5, 2.0]], "prompt[1][3]", "2.0", "Bad Request", "body.prompt.0"),
+        ([[1, 2], [3, 4, 5, "3"]], "prompt[1][3]", "'3'", "Bad Request", "body.prompt.0"),
+        ([[1, 2], [3, 4, 5, -1]], "prompt[1][3]", "-1", "Bad Request", "body.prompt.0"),
+        ([[1, 2], [3, 4, 5, VOCAB]], "prompt[1][3]", str(VOCAB), "BadRequestError", None),
+        ([[1, 2], [3, 4, 5, 2**70]], "prompt[1][3]", str(2**70), "BadRequestError", None),
+        ([[True]], "prompt[0][0]", "true", "Bad Request", "body.prompt.0"),
+        ([1, 2, True], "prompt[2]", "true", "Bad Request", "body.prompt.2"),
+        ([1, 2.0], "prompt[1]", "2.0", "Bad Request", "body.prompt.1"),
+        ([1, "3"], "prompt[1]", "'3'", "Bad Request", "body.prompt.1"),
+        ([7, 8, -1], "prompt[2]", "-1", "Bad Request", "body.prompt.2"),
+        ([7, VOCAB], "prompt[1]", str(VOCAB), "BadRequestError", None),
+        ([True, 1], "prompt[0]", "true", "Bad Request", "body.prompt.0"),
     ],
     ids=repr,
 )
-def test_strict_token_ids_name_prompt_and_position(prompt: object, where: str, shown: str) -> None:
+def test_strict_token_ids_name_prompt_and_position(
+    prompt: object, where: str, shown: str, type_: str, param: str | None
+) -> None:
     err = refuse(prompt=prompt)
-    assert err.param == "prompt"
+    assert (err.type, err.param) == (type_, param)
     assert err.message.startswith(where + ":"), err.message
     assert shown in err.message
 
 
 def test_token_id_bound_follows_the_vocabulary_limit() -> None:
     assert parse(prompt=[[300]], limits=Limits(vocab_size=301)).prompts == (TokenPrompt((300,)),)
-    assert refuse(prompt=[[300]], limits=Limits(vocab_size=300)).param == "prompt"
+    err = refuse(prompt=[[300]], limits=Limits(vocab_size=300))
+    assert (err.type, err.param) == ("BadRequestError", None)
+    assert err.message == "prompt[0][0]: token id 300 is out of vocabulary (vocabulary size 300)."
 
 
 # --- limits --------------------------------------------------------------------------------------
@@ -156,7 +157,7 @@ def test_token_id_bound_follows_the_vocabulary_limit() -> None:
 @pytest.mark.parametrize("many", [["x"] * 1025, [[1]] * 1025])
 def test_more_prompts_than_the_limit_is_400(many: list) -> None:
     err = refuse(prompt=many, limits=Limits(max_prompts=1024, vocab_size=VOCAB))
-    assert err.param == "prompt"
+    assert (err.type, err.param) == ("BadRequestError", "prompt")
     assert "1025" in err.message and "1024" in err.message
 
 
@@ -173,7 +174,9 @@ def test_a_flat_token_list_longer_than_the_prompt_limit_is_one_prompt() -> None:
 def test_prompt_limit_is_configurable() -> None:
     limits = Limits(max_prompts=2, vocab_size=VOCAB)
     assert len(parse(prompt=["a", "b"], limits=limits).prompts) == 2
-    assert refuse(prompt=["a", "b", "c"], limits=limits).param == "prompt"
+    err = refuse(prompt=["a", "b", "c"], limits=limits)
+    assert (err.type, err.param) == ("BadRequestError", "prompt")
+    assert err.message == "prompt list length 3 exceeds the maximum allowed count of 2."
 
 
 def test_prompts_times_n_over_max_choices_is_400() -> None:
@@ -195,8 +198,8 @@ def test_default_max_choices_counts_prompts_times_n() -> None:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"n": 0}, "n"),
-        ({"n": -1}, "n"),
+        ({"n": 0}, None),
+        ({"n": -1}, None),
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_tokens": 0, "echo": False}, "max_tokens"),
         ({"max_tokens": -1}, "max_tokens"),
@@ -208,14 +211,15 @@ def test_default_max_choices_counts_prompts_times_n() -> None:
         ({"prompt_logprobs": 21}, "prompt_logprobs"),
         ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
         ({"prompt_logprobs": -1, "stream": True}, "prompt_logprobs"),
-        ({"stop": ""}, "stop"),
-        ({"stop": ["a", ""]}, "stop"),
+        ({"stop": ""}, None),
+        ({"stop": ["a", ""]}, None),
         ({"use_beam_search": True}, "use_beam_search"),
     ],
     ids=repr,
 )
-def test_field_checks(fields: dict, param: str) -> None:
-    assert refuse(**fields).param == param
+def test_field_checks(fields: dict, param: str | None) -> None:
+    err = refuse(**fields)
+    assert (err.type, err.param) == ("BadRequestError", param)
 
 
 @pytest.mark.parametrize(
@@ -250,7 +254,9 @@ def test_valid_fields_are_accepted(fields: dict) -> None:
 def test_n_is_bounded_by_max_n() -> None:
     limits = Limits(max_n=4, vocab_size=VOCAB)
     assert parse(n=4, limits=limits).n == 4
-    assert refuse(n=5, limits=limits).param == "n"
+    err = refuse(n=5, limits=limits)
+    assert (err.type, err.param) == ("BadRequestError", None)
+    assert err.message == "n must be between 1 and 4, got 5."
 
 
 def test_echo_with_max_tokens_zero_keeps_zero() -> None:
@@ -265,41 +271,47 @@ def test_greedy_sampling_with_n_above_one() -> None:
     assert parse(temperature=0.5, n=2).n == 2
 
 
-def test_prompt_logprobs_with_stream_is_a_schema_error() -> None:
-    with pytest.raises(SchemaError) as info:
-        parse(prompt_logprobs=1, stream=True)
-    assert info.value.param == "prompt_logprobs"
+def test_prompt_logprobs_with_stream_is_a_bad_request_error() -> None:
+    """vLLM raises these in a model validator (VLLMValidationError): BadRequestError, not pydantic's "Bad Request"."""
+    err = refuse(prompt_logprobs=1, stream=True)
+    assert not isinstance(err, SchemaError)
+    assert (err.type, err.param) == ("BadRequestError", "prompt_logprobs")
+    assert err.message == "`prompt_logprobs` are not available when `stream=True`."
 
 
-def test_stream_options_without_stream_is_a_schema_error() -> None:
+def test_stream_options_without_stream_is_a_bad_request_error() -> None:
     for fields in ({"stream": False}, {}):
-        with pytest.raises(SchemaError) as info:
-            parse(stream_options={"include_usage": True}, **fields)
-        assert info.value.param == "stream_options"
-        assert info.value.type == "Bad Request" and info.value.status == 400
+        err = refuse(stream_options={"include_usage": True}, **fields)
+        assert not isinstance(err, SchemaError)
+        assert (err.type, err.param) == ("BadRequestError", "stream_options")
+        assert err.message == "Stream options can only be defined when `stream=True`."
 
 
 def test_suffix_is_refused() -> None:
     err = refuse(suffix="tail")
     assert err.message == "suffix is not currently supported"
-    assert err.param is None
+    assert (err.type, err.param) == ("BadRequestError", "suffix")
 
 
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"n": 2.0}, "n"),
-        ({"n": True}, "n"),
-        ({"max_tokens": "5"}, "max_tokens"),
-        ({"max_tokens": 5.0}, "max_tokens"),
-        ({"temperature": "0.5"}, "temperature"),
-        ({"stream": "yes"}, "stream"),
-        ({"echo": 1}, "echo"),
-        ({"logprobs": True}, "logprobs"),
-        ({"seed": 1.5}, "seed"),
-        ({"stop": 5}, "stop"),
-        ({"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
-        ({"stream": True, "stream_options": 5}, "stream_options"),
+        ({"n": "two"}, "body.n"),
+        ({"n": 2.0}, "body.n"),
+        ({"n": True}, "body.n"),
+        ({"max_tokens": "5"}, "body.max_tokens"),
+        ({"max_tokens": 5.0}, "body.max_tokens"),
+        ({"temperature": "0.5"}, "body.temperature"),
+        ({"stream": "yes"}, "body.stream"),
+        ({"echo": 1}, "body.echo"),
+        ({"logprobs": True}, "body.logprobs"),
+        ({"seed": 1.5}, "body.seed"),
+        ({"stop": 5}, "body.stop"),
+        ({"stream": True, "stream_options": {"include_usage": "yes"}}, "body.stream_options.include_usage"),
+        ({"stream": True, "stream_options": 5}, "body.stream_options"),
+        # a dict value: pydantic's location is the key ("body.logit_bias.1", checked against
+        # vLLM 0.32's own CompletionRequest model and validation handler)
+        ({"logit_bias": {"1": "a"}}, "body.logit_bias.1"),
     ],
     ids=repr,
 )
@@ -309,26 +321,58 @@ def test_wrong_json_types_are_schema_errors_naming_the_field(fields: dict, param
     err = info.value
     assert err.param == param
     assert err.status == 400 and err.type == "Bad Request"
+    assert err.body()["error"]["param"] == param
 
 
-def test_wrong_type_inside_a_list_names_the_field() -> None:
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"stop_token_ids": [1, "a"]}, "body.stop_token_ids.1"),
+        ({"allowed_token_ids": [1, 2, 3.5]}, "body.allowed_token_ids.2"),
+        ({"bad_words": [7]}, "body.bad_words.0"),
+        # stop is a union (str | list[str]): pydantic reports the str member first, at the field
+        # itself, so vLLM answers "body.stop", not the element (checked against vLLM 0.32's own
+        # CompletionRequest model and validation handler)
+        ({"stop": ["a", 5]}, "body.stop"),
+    ],
+    ids=repr,
+)
+def test_wrong_type_inside_a_list_names_the_field(fields: dict, param: str) -> None:
     with pytest.raises(SchemaError) as info:
-        parse(stop=["a", 5])
-    assert info.value.param is not None and info.value.param.startswith("stop")
+        parse(**fields)
+    assert info.value.param == param
+    assert info.value.type == "Bad Request"
 
 
-@pytest.mark.parametrize("body", [b"", b"{", b"{'prompt': 'x'}", b'{"prompt": "x",}', b"nope"])
-def test_invalid_json_is_a_schema_error(body: bytes) -> None:
+# FastAPI names a JSON syntax error ("body", pos) with Python's json.JSONDecodeError.pos, a
+# character offset; an empty body is not parsed at all and is a missing body, ("body",).
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b"", "body"),
+        (b"{", "body.1"),
+        (b"{'prompt': 'x'}", "body.1"),
+        (b'{"prompt": "x",}', "body.15"),
+        (b'{"prompt": "x",', "body.15"),
+        (b"nope", "body.0"),
+        (b'{"prompt": ', "body.11"),
+        ('{"prompt": "\u00e9\u00e9", }'.encode(), "body.17"),  # 2-byte characters: a character offset (the byte offset is 19)
+    ],
+    ids=repr,
+)
+def test_invalid_json_is_a_schema_error_at_the_character_offset(body: bytes, param: str) -> None:
     with pytest.raises(SchemaError) as info:
         parse_request(body, LIMITS)
-    assert info.value.status == 400 and info.value.param is None
+    err = info.value
+    assert (err.status, err.type, err.param) == (400, "Bad Request", param)
+    assert err.message.startswith("The request body is not valid JSON: ")
 
 
 @pytest.mark.parametrize("body", [b"[]", b'["x"]', b'"x"', b"3", b"null", b"true"])
 def test_a_non_object_body_is_a_schema_error(body: bytes) -> None:
     with pytest.raises(SchemaError) as info:
         parse_request(body, LIMITS)
-    assert info.value.status == 400
+    assert (info.value.status, info.value.type, info.value.param) == (400, "Bad Request", "body")
 
 
 def test_unknown_fields_are_ignored() -> None:

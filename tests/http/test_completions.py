@@ -25,8 +25,11 @@ async def test_batch_json_returns_choices_in_prompt_order_with_summed_usage(clie
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
         "prompt_tokens_details": None,
+        "completion_tokens_details": None,
     }
     assert all(c["finish_reason"] in {"stop", "length"} for c in data["choices"])
+    assert all(c["routed_experts"] is None for c in data["choices"])
+    assert (data["kv_transfer_params"], data["ec_transfer_params"], data["metrics"]) == (None, None, None)
 
 
 async def test_batch_stream_indices_one_usage_chunk_one_done(client: httpx.AsyncClient) -> None:
@@ -96,59 +99,117 @@ async def test_streamed_echo_offsets_match_non_streamed(client: httpx.AsyncClien
         assert [t for p in parts for t in p["logprobs"]["tokens"]] == c["logprobs"]["tokens"]
 
 
+BRE, SCHEMA = "BadRequestError", "Bad Request"  # vLLM's two error types for a 400
+
+# (body, type, param): vLLM 0.32's answer to each. The scripted model's context is 2048 tokens
+# and a text prompt gets a BOS token, so "x" * 2047 fills it exactly.
 BAD_BODIES = [
-    ({"prompt": []}, "prompt"),
-    ({"prompt": ""}, "prompt"),
-    ({"prompt": [[]]}, "prompt"),
-    ({"prompt": [1, "a"]}, "prompt"),
-    ({"prompt": [[1], "a"]}, "prompt"),
-    ({"prompt": [["a"]]}, "prompt"),
-    ({"prompt": {"x": 1}}, "prompt"),
-    ({"prompt": 3}, "prompt"),
-    ({"prompt": [1, 2.0]}, "prompt"),
-    ({"prompt": [[1], [True]]}, "prompt"),
-    ({"prompt": [-1]}, "prompt"),
-    ({"prompt": [999999]}, "prompt"),
-    ({"prompt": ["x"] * 1025}, "prompt"),
-    ({"prompt": "x", "suffix": "y"}, None),
-    ({"prompt": "x", "n": 2, "temperature": 0}, None),
-    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
-    ({"prompt": "x", "max_tokens": 100000}, "max_tokens"),
-    ({"prompt": "x" * 3000}, "input_tokens"),
-    ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
-    ({"prompt": "x", "logprobs": 21}, "logprobs"),
-    ({"prompt": "x", "n": 2.0}, "n"),
-    ({"prompt": "x", "temperature": "hot"}, "temperature"),
-    ({"prompt": "x", "stop": [""]}, "stop"),
-    ({"prompt": "x", "stream": True, "prompt_logprobs": 1}, "prompt_logprobs"),
+    ({"prompt": []}, BRE, None),
+    ({"prompt": ""}, BRE, "prompt"),
+    ({"prompt": None}, BRE, "prompt"),
+    ({}, BRE, "prompt"),
+    ({"prompt": [[]]}, BRE, None),
+    ({"prompt": [1, "a"]}, SCHEMA, "body.prompt.1"),
+    ({"prompt": [[1], "a"]}, SCHEMA, "body.prompt.0"),
+    ({"prompt": [["a"]]}, SCHEMA, "body.prompt.0"),
+    ({"prompt": {"x": 1}}, SCHEMA, "body.prompt"),
+    ({"prompt": 3}, SCHEMA, "body.prompt"),
+    ({"prompt": [1, 2.0]}, SCHEMA, "body.prompt.1"),
+    ({"prompt": [[1], [True]]}, SCHEMA, "body.prompt.0"),
+    ({"prompt": [-1]}, SCHEMA, "body.prompt.0"),
+    ({"prompt": [7, 8, -1]}, SCHEMA, "body.prompt.2"),
+    ({"prompt": [999999]}, BRE, None),
+    ({"prompt": ["x"] * 1025}, BRE, "prompt"),
+    ({"prompt": "x", "suffix": "y"}, BRE, "suffix"),
+    ({"prompt": "x", "n": 2, "temperature": 0}, BRE, None),
+    ({"prompt": "x", "n": 0}, BRE, None),
+    ({"prompt": "x", "max_tokens": 0}, BRE, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 100000}, BRE, "max_tokens"),
+    ({"prompt": "x" * 3000}, BRE, "input_tokens"),
+    ({"prompt": "x" * 2048, "max_tokens": 1}, BRE, "input_tokens"),  # 2049 tokens
+    ({"prompt": "x" * 2047}, BRE, "max_tokens"),  # 2048 tokens: no room for one output token
+    ({"prompt": [[5] * 2048], "max_tokens": 1}, BRE, "max_tokens"),
+    ({"prompt": "x" * 2047, "echo": True, "max_tokens": 0}, BRE, None),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, BRE, "stream_options"),
+    ({"prompt": "x", "logprobs": 21}, BRE, "logprobs"),
+    ({"prompt": "x", "n": 2.0}, SCHEMA, "body.n"),
+    ({"prompt": "x", "n": "two"}, SCHEMA, "body.n"),
+    ({"prompt": "x", "temperature": "hot"}, SCHEMA, "body.temperature"),
+    ({"prompt": "x", "stream_options": {"include_usage": "yes"}}, SCHEMA, "body.stream_options.include_usage"),
+    ({"prompt": "x", "stop_token_ids": [1, "a"]}, SCHEMA, "body.stop_token_ids.1"),
+    ({"prompt": "x", "stop": [""]}, BRE, None),
+    ({"prompt": "x", "stream": True, "prompt_logprobs": 1}, BRE, "prompt_logprobs"),
 ]
 
 
-@pytest.mark.parametrize(("body", "param"), BAD_BODIES)
-async def test_bad_input_is_a_400_in_vllm_error_shape(client: httpx.AsyncClient, server: LiveServer, body: dict, param: str | None) -> None:
+@pytest.mark.parametrize(("body", "type_", "param"), BAD_BODIES, ids=lambda v: repr(v)[:40])
+async def test_bad_input_is_a_400_in_vllm_error_shape(
+    client: httpx.AsyncClient, server: LiveServer, body: dict, type_: str, param: str | None
+) -> None:
     for stream in (False, True):
         r = await client.post("/v1/completions", json={**body, "stream": stream} if stream and "stream_options" not in body else body)
         assert r.status_code == 400, r.text
+        assert r.headers["content-type"] == "application/json"
         err = r.json()["error"]
         assert list(err) == ["message", "type", "param", "code"]
-        assert err["code"] == 400 and err["type"] in {"BadRequestError", "Bad Request"}
-        assert err["param"] == param and err["message"]
+        assert (err["code"], err["type"], err["param"]) == (400, type_, param)
+        assert err["message"]
     assert server.engine.finished_total == 0 and server.engine.in_flight == 0  # no engine work was started
 
 
 @pytest.mark.parametrize(
-    ("content", "headers"),
+    ("content", "param"),
     [
-        (b'{"prompt": ', {"content-type": "application/json"}),
-        (b"[1, 2]", {"content-type": "application/json"}),
-        (b'{"prompt": "x"}', {"content-type": "text/plain"}),
-        (b'{"prompt": "x"}', {}),
+        (b'{"prompt": ', "body.11"),
+        (b'{"prompt": "x",}', "body.15"),
+        (b"nope", "body.0"),
+        (b"[1, 2]", "body"),
+        (b'"x"', "body"),
     ],
 )
-async def test_malformed_bodies_get_json_400(client: httpx.AsyncClient, content: bytes, headers: dict) -> None:
-    r = await client.post("/v1/completions", content=content, headers=headers)
+async def test_malformed_json_is_a_schema_error_at_vllms_location(client: httpx.AsyncClient, content: bytes, param: str) -> None:
+    r = await client.post("/v1/completions", content=content, headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.headers["content-type"] == "application/json"
-    assert r.json()["error"]["code"] == 400
+    err = r.json()["error"]
+    assert (err["code"], err["type"], err["param"]) == (400, SCHEMA, param)
+
+
+@pytest.mark.parametrize("headers", [{"content-type": "text/plain"}, {}], ids=["text-plain", "none"])
+async def test_a_body_that_is_not_declared_json_is_refused(client: httpx.AsyncClient, headers: dict) -> None:
+    r = await client.post("/v1/completions", content=b'{"prompt": "x"}', headers=headers)
+    assert r.status_code == 400 and r.headers["content-type"] == "application/json"
+    assert r.json()["error"] == {
+        "message": "Unsupported Media Type: Only 'application/json' is allowed",
+        "type": SCHEMA,
+        "param": None,
+        "code": 400,
+    }
+
+
+async def test_a_prompt_that_leaves_less_room_than_max_tokens_stops_at_the_context(
+    client: httpx.AsyncClient, server: LiveServer
+) -> None:
+    """vLLM 0.32 shrinks max_tokens to what the context leaves: 2045 prompt tokens of 2048 and
+    max_tokens 16 give 3 tokens and finish "length"; the other prompt keeps its 16."""
+    body = {"prompt": ["x" * 2044, "short"], "max_tokens": 16, "ignore_eos": True}
+    r = await client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    data = r.json()
+    # scripted tokens are one character each, and with ignore_eos none is EOS
+    assert [(c["index"], len(c["text"]), c["finish_reason"]) for c in data["choices"]] == [(0, 3, "length"), (1, 16, "length")]
+    assert data["usage"]["prompt_tokens"] == 2045 + 6
+    assert data["usage"]["completion_tokens"] == 3 + 16
+    async with client.stream("POST", "/v1/completions", json={**body, "stream": True, "return_token_ids": True}) as r:
+        assert r.status_code == 200
+        events = parse_sse(await r.aread())
+    assert events[-1] == "[DONE]"
+    chunks = [e["choices"][0] for e in events if isinstance(e, dict) and e["choices"]]
+    for index, tokens in ((0, 3), (1, 16)):
+        parts = [c for c in chunks if c["index"] == index]
+        assert sum(len(c["token_ids"]) for c in parts) == tokens
+        assert [c["finish_reason"] for c in parts] == [None] * (len(parts) - 1) + ["length"]
+        assert "".join(c["text"] for c in parts) == data["choices"][index]["text"]  # the scripted engine is deterministic
+    assert server.engine.finished_total == 4 and server.engine.in_flight == 0
 
 
 async def test_unknown_model_is_404(client: httpx.AsyncClient) -> None:

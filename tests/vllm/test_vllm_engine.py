@@ -11,8 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import parse_sse
-from tests.vllm.conftest import VllmServer
+from tests.conftest import VllmServer, parse_sse
 
 pytestmark = pytest.mark.vllm
 

