@@ -108,8 +108,7 @@ def _fit(params: SamplingParams, prompt_len: int, limit: int, i: int, req: Compl
     if req.min_tokens > room:
         raise InvalidRequest(
             f"min_tokens must be less than or equal to max_tokens={room}, got {req.min_tokens} "
-            f"(prompt[{i}] leaves room for {room} tokens).",
-            param="min_tokens",
+            f"(prompt[{i}] leaves room for {room} tokens)."
         )
     return attrs.evolve(params, max_tokens=room)
 

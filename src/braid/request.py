@@ -387,7 +387,7 @@ def _check_fields(b: _Body, limits: Limits) -> None:
         raise _bad(f"min_tokens must be non-negative, got {b.min_tokens}.", "min_tokens")
     max_tokens = 16 if b.max_tokens is None else b.max_tokens
     if b.min_tokens > max(max_tokens, 1):
-        raise _bad(f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {b.min_tokens}.", "min_tokens")
+        raise _bad(f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {b.min_tokens}.")
     if b.truncate_prompt_tokens is not None and (b.truncate_prompt_tokens < -1 or b.truncate_prompt_tokens == 0):
         raise _bad(f"truncate_prompt_tokens must be -1 or at least 1, got {b.truncate_prompt_tokens}.", "truncate_prompt_tokens")
 

@@ -152,6 +152,7 @@ def _cases() -> list[Case]:
     add("prompt near the context: max_tokens shrinks", "max_tokens", _req(prompt=list(range(3, 1023)), max_tokens=16))
     add("prompt near the context in a streamed batch", "max_tokens",
         _req(prompt=[[5], list(range(3, 1023))], max_tokens=16, stream=True))
+    add("min_tokens over max_tokens", "errors", _req(prompt=TEXT, max_tokens=4, min_tokens=5))
     add("min_tokens over the shrunk max_tokens", "errors",
         _req(prompt=list(range(3, 1023)), max_tokens=16, min_tokens=10))
     add("too-long prompt", "errors", _req(prompt=list(range(3, 1033)), max_tokens=16))
