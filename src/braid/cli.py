@@ -65,7 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--max-prompts", type=int, default=1024, help="prompts per request")
     h.add_argument("--max-choices", type=int, default=4096, help="prompts x n per request")
     h.add_argument("--stall-timeout", type=float, default=30.0,
-                   help="abort a stream whose client reads nothing for this long (seconds)")
+                   help="abort a stream when its client has taken none of braid's output for this long "
+                   "(seconds): the engine's buffer for the stream stayed full, so a reader too slow to take "
+                   "one chunk (up to 64 events) in this time is cut")
     h.add_argument("--heartbeat", type=float, default=15.0, help="SSE comment after this many idle seconds")
     h.add_argument("--graceful-timeout", type=float, default=10.0, help="drain time after SIGTERM (seconds)")
     h.add_argument("--keep-alive", type=float, default=75.0, help="idle keep-alive timeout (seconds)")

@@ -126,19 +126,47 @@ class CompletionRun:
         try:
             first = await self._recv.receive()
         except trio.EndOfChannel:
-            if self.error is not None:
-                raise self.error from None
+            self._raise_if_failed()
             raise
         if self.error is not None:
             raise self.error
         batch = [first]
+        self._drain_into(batch)
+        return batch
+
+    def take_ready(self) -> list[Arrival]:
+        """Every output that is ready now (up to ``max_batch``), without waiting: ``[]`` if none.
+
+        Raises like :meth:`receive_ready`: the run's error first, then :class:`trio.EndOfChannel`
+        once every driver is done and nothing is left. Not a checkpoint.
+        """
+        assert self._recv is not None
+        if self.error is not None:
+            raise self.error
+        batch: list[Arrival] = []
+        try:
+            batch.append(self._recv.receive_nowait())
+        except trio.WouldBlock:
+            return batch
+        except trio.EndOfChannel:
+            self._raise_if_failed()
+            raise
+        self._drain_into(batch)
+        return batch
+
+    def _raise_if_failed(self) -> None:
+        """At the end of the channel: a run whose drivers ended because of an error raises it."""
+        if self.error is not None:
+            raise self.error from None
+
+    def _drain_into(self, batch: list[Arrival]) -> None:
+        assert self._recv is not None
         receive_nowait = self._recv.receive_nowait
         try:
             while len(batch) < self.max_batch:
                 batch.append(receive_nowait())
         except (trio.WouldBlock, trio.EndOfChannel):
             pass
-        return batch
 
 
 __all__ = ["CompletionRun"]
