@@ -6,9 +6,13 @@ items to the calling Trio task:
 
 * **Push with credits.** A pump task on the loop iterates the generator and appends each item to a
   deque, which the Trio side reads; at most ``window`` items are undelivered at once, after which
-  the pump waits for credits (vLLM keeps merging deltas meanwhile, so nothing is lost). A burst
-  of items costs one Trio wake-up (``TrioToken.run_sync_soon``), and a batch of reads returns its
-  credits with one ``call_soon_threadsafe``. The asyncio thread never blocks on Trio.
+  the pump waits for credits (vLLM keeps merging deltas meanwhile, so nothing is lost). The
+  asyncio thread never blocks on Trio.
+* **One wake-up per burst, for all streams.** Each crossing between the threads costs a write to
+  a wake-up socket and a hand-over of the GIL. An engine step yields one output for every running
+  request at once, so the thread's :class:`_Hub` batches them: all the streams that got items
+  before Trio next runs cost one ``TrioToken.run_sync_soon``, and all the credits Trio returns
+  before the loop next runs cost one ``call_soon_threadsafe``.
 * **Abort.** The generator is iterated inside ``contextlib.aclosing``, so cancelling the pump
   closes the generator even while the pump waits for credits; vLLM's ``generate`` then aborts
   the request. Leaving :meth:`open_stream`'s block early cancels the pump and waits (shielded,
@@ -42,11 +46,58 @@ class _Failure:
 
 
 @attrs.define(eq=False)
+class _Hub:
+    """The wake-ups between one asyncio thread and Trio, batched over every stream."""
+
+    loop: asyncio.AbstractEventLoop
+    token: trio.lowlevel.TrioToken
+    _lock: threading.Lock = attrs.Factory(threading.Lock)
+    _ready: list[_Stream[Any]] = attrs.Factory(list)
+    _trio_wake_pending: bool = False
+    _credits: list[tuple[_Stream[Any], int]] = attrs.Factory(list)
+    _loop_wake_pending: bool = False
+
+    def stream_ready(self, stream: _Stream[Any]) -> None:
+        """asyncio thread: ``stream`` has new items; wake its Trio reader (soon)."""
+        with self._lock:
+            self._ready.append(stream)
+            if self._trio_wake_pending:
+                return
+            self._trio_wake_pending = True
+        try:
+            self.token.run_sync_soon(self._wake_readers)
+        except trio.RunFinishedError:
+            pass
+
+    def _wake_readers(self) -> None:
+        with self._lock:
+            ready, self._ready = self._ready, []
+            self._trio_wake_pending = False
+        for stream in ready:
+            stream.wake()
+
+    def return_credits(self, stream: _Stream[Any], count: int) -> None:
+        """Trio thread: ``stream``'s reader took ``count`` items; let its pump go on (soon)."""
+        with self._lock:
+            self._credits.append((stream, count))
+            if self._loop_wake_pending:
+                return
+            self._loop_wake_pending = True
+        self.loop.call_soon_threadsafe(self._release_credits)
+
+    def _release_credits(self) -> None:
+        with self._lock:
+            credits, self._credits = self._credits, []
+            self._loop_wake_pending = False
+        for stream, count in credits:
+            stream.release(count)
+
+
+@attrs.define(eq=False)
 class _Stream(Generic[T]):
     """One generator's items, crossing from the asyncio thread to one Trio task."""
 
-    _loop: asyncio.AbstractEventLoop
-    _token: trio.lowlevel.TrioToken
+    _hub: _Hub
     _window: int
     _map_error: Callable[[BaseException], BaseException]
     _items: collections.deque[object] = attrs.Factory(collections.deque)
@@ -71,7 +122,7 @@ class _Stream(Generic[T]):
             await self._pump(make_agen())
         finally:
             try:
-                self._token.run_sync_soon(self._finished.set)
+                self._hub.token.run_sync_soon(self._finished.set)
             except trio.RunFinishedError:
                 pass
 
@@ -101,18 +152,20 @@ class _Stream(Generic[T]):
             if self._wakeup_pending:
                 return
             self._wakeup_pending = True
-            wakeup = self._wakeup
-        try:
-            self._token.run_sync_soon(wakeup.set)
-        except trio.RunFinishedError:
-            pass
+        self._hub.stream_ready(self)
 
-    def _release(self, count: int) -> None:
+    def release(self, count: int) -> None:
         assert self._credits is not None
         for _ in range(count):
             self._credits.release()
 
     # ---- Trio side
+
+    def wake(self) -> None:
+        with self._lock:
+            wakeup = self._wakeup
+        wakeup.set()
+
 
     async def receive_batch(self) -> list[T]:
         """Every item that is ready (at least one); raises ``trio.EndOfChannel`` at the end.
@@ -145,7 +198,7 @@ class _Stream(Generic[T]):
                 break
             out.append(item)  # type: ignore[arg-type]
         if out:
-            self._loop.call_soon_threadsafe(self._release, len(out))
+            self._hub.return_credits(self, len(out))
             return out
         return await self.receive_batch()
 
@@ -162,6 +215,10 @@ class AsyncioThread:
     token: trio.lowlevel.TrioToken
     window: int = 8
     abort_timeout: float = 5.0
+    _hub: _Hub = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._hub = _Hub(self.loop, self.token)
 
     async def run(self, fn: Callable[..., Coroutine[Any, Any, R]], *args: Any) -> R:
         """Run ``fn(*args)`` on the loop and return its result or raise its exception.
@@ -204,7 +261,7 @@ class AsyncioThread:
         map_error: Callable[[BaseException], BaseException] = lambda e: e,
     ) -> AsyncIterator[_Stream[T]]:
         """Run ``make_agen()`` on the loop; leaving the block before its end aborts it (see module doc)."""
-        stream: _Stream[T] = _Stream(self.loop, self.token, self.window, map_error)
+        stream: _Stream[T] = _Stream(self._hub, self.window, map_error)
         asyncio.run_coroutine_threadsafe(stream.run(make_agen), self.loop)
         try:
             yield stream
