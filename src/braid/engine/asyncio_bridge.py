@@ -12,7 +12,9 @@ items to the calling Trio task:
   a wake-up socket and a hand-over of the GIL. An engine step yields one output for every running
   request at once, so the thread's :class:`_Hub` batches them: all the streams that got items
   before Trio next runs cost one ``TrioToken.run_sync_soon``, and all the credits Trio returns
-  before the loop next runs cost one ``call_soon_threadsafe``.
+  before the loop next runs cost one ``call_soon_threadsafe``. Credits go back in halves of the
+  window, so a stream that is read as fast as it is written wakes the loop for every
+  ``window // 2`` items, not for each: the pump still holds at least half its window.
 * **Abort.** The generator is iterated inside ``contextlib.aclosing``, so cancelling the pump
   closes the generator even while the pump waits for credits; vLLM's ``generate`` then aborts
   the request. Leaving :meth:`open_stream`'s block early cancels the pump and waits (shielded,
@@ -110,6 +112,7 @@ class _Stream(Generic[T]):
     _task: asyncio.Task[None] | None = None
     _cancelled: bool = False
     _finished: trio.Event = attrs.Factory(trio.Event)
+    _owed: int = 0  # credits taken by the Trio side, not yet returned
 
     # ---- asyncio thread
 
@@ -198,7 +201,10 @@ class _Stream(Generic[T]):
                 break
             out.append(item)  # type: ignore[arg-type]
         if out:
-            self._hub.return_credits(self, len(out))
+            self._owed += len(out)
+            if self._owed >= max(1, self._window // 2):
+                self._hub.return_credits(self, self._owed)
+                self._owed = 0
             return out
         return await self.receive_batch()
 
