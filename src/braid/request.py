@@ -233,9 +233,9 @@ def _type_name(value: object) -> str:
 
 def _token_id(value: object, where: str, vocab_size: int) -> int:
     if type(value) is not int:
-        raise _schema(f"{where}: token ids must be integers, got {_type_name(value)}.", "prompt")
+        raise _schema(f"{where}: token ids must be integers, got {_type_name(value)}.")
     if value < 0:
-        raise _schema(f"{where}: token id {value} is negative.", "prompt")
+        raise _schema(f"{where}: token id {value} is negative.")
     if value >= vocab_size:
         raise _bad(f"{where}: token id {value} is out of vocabulary (vocabulary size {vocab_size}).")
     return value
@@ -261,8 +261,8 @@ def parse_prompts(value: object, limits: Limits) -> tuple[Prompt, ...]:
     try:
         return _parse_prompt_list(value, limits)
     except SchemaError as exc:
-        # vLLM's pydantic union reports the list[int] member first: its location is the first
-        # element that is not a non-negative integer
+        # the location, for every shape error in the list: vLLM's pydantic union reports the
+        # list[int] member first, at the first element that is not a non-negative integer
         where = next((i for i, t in enumerate(value) if type(t) is not int or t < 0), None)
         exc.param = "body.prompt" if where is None else f"body.prompt.{where}"
         raise
@@ -273,25 +273,25 @@ def _parse_prompt_list(value: list[object], limits: Limits) -> tuple[Prompt, ...
     if isinstance(first, str):
         for i, p in enumerate(value):
             if not isinstance(p, str):
-                raise _schema(f"prompt[{i}]: a list of strings cannot hold {_type_name(p)}; prompt must be {_SHAPES}.", "prompt")
+                raise _schema(f"prompt[{i}]: a list of strings cannot hold {_type_name(p)}; prompt must be {_SHAPES}.")
         prompts: tuple[Prompt, ...] = tuple(TextPrompt(p) for p in value)
     elif isinstance(first, list):
         out: list[Prompt] = []
         for i, p in enumerate(value):
             if not isinstance(p, list):
-                raise _schema(f"prompt[{i}]: a list of token-id lists cannot hold {_type_name(p)}; prompt must be {_SHAPES}.", "prompt")
+                raise _schema(f"prompt[{i}]: a list of token-id lists cannot hold {_type_name(p)}; prompt must be {_SHAPES}.")
             if not p:
                 raise _bad(f"prompt[{i}]: the token-id list is empty (the decoder prompt cannot be empty).")
             for j, t in enumerate(p):
                 if isinstance(t, list | dict):
-                    raise _schema(f"prompt[{i}][{j}]: token ids must be integers, got {_type_name(t)}.", "prompt")
+                    raise _schema(f"prompt[{i}][{j}]: token ids must be integers, got {_type_name(t)}.")
             out.append(TokenPrompt(tuple(_token_id(t, f"prompt[{i}][{j}]", limits.vocab_size) for j, t in enumerate(p))))
         prompts = tuple(out)
     else:
         ids = []
         for j, t in enumerate(value):
             if isinstance(t, str | list | dict):
-                raise _schema(f"prompt[{j}]: a list of token ids cannot hold {_type_name(t)}; prompt must be {_SHAPES}.", "prompt")
+                raise _schema(f"prompt[{j}]: a list of token ids cannot hold {_type_name(t)}; prompt must be {_SHAPES}.")
             ids.append(_token_id(t, f"prompt[{j}]", limits.vocab_size))
         return (TokenPrompt(tuple(ids)),)
     if len(prompts) > limits.max_prompts:
