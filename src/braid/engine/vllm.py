@@ -27,17 +27,24 @@ from braid.engine.base import ChoiceDelta, EngineOutput, EngineRequest, Logprob,
 from braid.errors import BraidError, EngineError, EngineRejected, EngineUnavailable
 
 
+# What vLLM needs on a CPU machine (shared/reference/vllm-cpu.md). tools/servers.py gives vLLM's
+# own server the same, so the parity tier and the benchmarks compare like with like.
+OFFLINE_ENVIRONMENT = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+CPU_ENVIRONMENT = {
+    "VLLM_TARGET_DEVICE": "cpu",
+    # vLLM torch.compiles its logprobs op even with enforce_eager: 11-17 s on first use.
+    "TORCH_COMPILE_DISABLE": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    # the "uni" executor is silently replaced by "mp" unless this is 0
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+}
+CPU_ENGINE_ARGS = {"enforce_eager": True, "dtype": "float32", "distributed_executor_backend": "uni"}
+
+
 def prepare_environment(*, cpu: bool) -> None:
     """Set the environment vLLM reads at import time (values already set by the user win)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    if cpu:
-        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-        # vLLM torch.compiles its logprobs op even with enforce_eager: 11-17 s on first use.
-        os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        # the "uni" executor is silently replaced by "mp" unless this is 0
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    for key, value in {**OFFLINE_ENVIRONMENT, **(CPU_ENVIRONMENT if cpu else {})}.items():
+        os.environ.setdefault(key, value)
 
 
 def is_cpu_build() -> bool:
@@ -205,7 +212,7 @@ async def open_vllm_engine(
     prepare_environment(cpu=cpu)
     kwargs: dict[str, Any] = {"model": model, "enforce_eager": cpu}
     if cpu:
-        kwargs.update(dtype="float32", distributed_executor_backend="uni")
+        kwargs.update(CPU_ENGINE_ARGS)
     kwargs.update(engine_kwargs or {})
     if served_model_name:
         kwargs["served_model_name"] = served_model_name
