@@ -6,11 +6,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
-from collections.abc import Iterator
-from pathlib import Path
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from functools import partial
+from pathlib import Path
 
 import attrs
 import httpx
@@ -20,6 +18,7 @@ import trio
 from braid.engine.scripted import ScriptedEngine
 from braid.http.app import BraidApp, Settings, create_app
 from braid.server import ServerConfig, serve
+from tools.servers import ServerProcess, run_braid
 
 
 @attrs.define
@@ -86,37 +85,40 @@ def parse_sse(raw: bytes) -> list[object]:
 
 @attrs.frozen
 class VllmServer:
-    url: str
-    model: str
-    pid: int
+    """The tier's braid server (a tools.servers.ServerProcess) with the checks its tests use."""
+
+    process: ServerProcess
+
+    @property
+    def url(self) -> str:
+        return self.process.url
+
+    @property
+    def model(self) -> str:
+        return self.process.model
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
 
     def metric(self, name: str) -> float:
-        for line in httpx.get(self.url + "/metrics").text.splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-        raise AssertionError(f"metric {name} not exposed")
+        value = self.process.metrics().get(name)
+        if value is None:
+            raise AssertionError(f"metric {name} not exposed")
+        return value
 
     def wait_engine_idle(self, within: float = 5.0) -> float:
-        start = time.monotonic()
-        while time.monotonic() - start < within:
-            if self.metric("braid_engine_requests_in_flight") == 0 and self.metric("braid_engine_unfinished_requests") == 0:
-                return time.monotonic() - start
-            time.sleep(0.01)
-        raise AssertionError(
-            f"engine not idle after {within} s: braid in flight {self.metric('braid_engine_requests_in_flight')}, "
-            f"vLLM unfinished {self.metric('braid_engine_unfinished_requests')}"
-        )
+        """Seconds until braid has no request in flight and vLLM none unfinished."""
+        return self.process.wait_idle(within)
 
 
 @pytest.fixture(scope="session")
 def vllm_server() -> Iterator[VllmServer]:
     """One braid on vLLM for the whole session. No --model: the default tiny model is built
     (once per machine, cached) and served, as ``make serve`` does."""
-    from tools.servers import run_braid
-
     log = Path(os.environ.get("BRAID_VLLM_LOG", "/tmp/braid-vllm-tier.log"))
     with run_braid("--fault-hooks", seed=0, log=log) as server:
-        yield VllmServer(server.url, server.model, server.pid)
+        yield VllmServer(server)
         # a clean drain on SIGTERM is part of what the tier checks
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(60) == 0

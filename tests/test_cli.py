@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,16 +12,12 @@ import httpx
 import openai
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tools.servers import free_port
 
 
 def _start(*args: str) -> tuple[subprocess.Popen[bytes], str]:
     """Start ``braid serve --engine scripted`` on a free port and wait until it is healthy."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "braid", "serve", "--engine", "scripted", "--port", str(port), *args],
         stdout=subprocess.PIPE,
