@@ -3,7 +3,6 @@ and (session-wide) one real ``braid serve --engine vllm`` for the vLLM and parit
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from collections.abc import AsyncIterator, Iterator
@@ -18,6 +17,7 @@ import trio
 from braid.engine.scripted import ScriptedEngine
 from braid.http.app import BraidApp, Settings, create_app
 from braid.server import ServerConfig, serve
+from tests.parity.compare import parse_sse as _parse_sse
 from tools.servers import ServerProcess, run_braid
 
 
@@ -67,20 +67,9 @@ async def client(server: LiveServer) -> AsyncIterator[httpx.AsyncClient]:
 
 
 def parse_sse(raw: bytes) -> list[object]:
-    """SSE bytes -> events: dicts for JSON data, "[DONE]", and ":" for comments."""
-    events: list[object] = []
-    for block in raw.decode().split("\n\n"):
-        if not block:
-            continue
-        assert block.count("\n") == 0, f"one line per event expected: {block!r}"
-        if block.startswith(":"):
-            events.append(":")
-        elif block == "data: [DONE]":
-            events.append("[DONE]")
-        else:
-            assert block.startswith("data: "), block
-            events.append(json.loads(block[len("data: ") :]))
-    return events
+    """SSE bytes -> events: dicts for JSON data, "[DONE]", and ":" for comments (the parity
+    tier's parser; anything that is not one-line vLLM-style framing raises ValueError)."""
+    return list(_parse_sse(raw))
 
 
 @attrs.frozen

@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from tests.parity.compare import Reply, diff, view
+from tests.parity.compare import Reply, view
 
 View = dict[str, Any]
 
