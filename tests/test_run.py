@@ -30,6 +30,10 @@ async def test_a_failure_aborts_siblings_without_any_consumer(autojump_clock: tr
         await trio.sleep(1)
         assert engine.failed_total == 1 and engine.in_flight == 0 and engine.aborted_total == 7
         assert isinstance(run.error, EngineError)
+        # one batch abort of the siblings still open, asked for by the failing driver (its own
+        # request is one the engine ended, and may or may not still be open then)
+        assert len(engine.batch_aborts) == 1
+        assert {f"cmpl-t-{i}" for i in range(8) if i != 2} <= set(engine.batch_aborts[0])
         with pytest.raises(EngineError):
             await run.receive_ready()
 
@@ -44,6 +48,7 @@ async def test_cancelling_the_run_aborts_every_request_once(autojump_clock: trio
                 await run.receive_ready()
     assert engine.in_flight == 0
     assert sorted(engine.aborted_ids) == [f"cmpl-t-{i}" for i in range(4)]
+    assert engine.batch_aborts == [tuple(f"cmpl-t-{i}" for i in range(4))]  # one call, before the drivers unwound
     assert metrics.registry.get_sample_value("braid_engine_aborts_total") == 4
     assert metrics.registry.get_sample_value("braid_engine_requests_in_flight") == 0
 
@@ -87,4 +92,5 @@ async def test_a_finished_run_leaves_no_request_behind() -> None:
             except trio.EndOfChannel:
                 break
     assert engine.finished_total == 3 and engine.aborted_total == 0 and engine.in_flight == 0
+    assert engine.batch_aborts == []
     assert metrics.registry.get_sample_value("braid_engine_aborts_total") == 0

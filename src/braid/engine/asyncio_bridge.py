@@ -20,6 +20,10 @@ items to the calling Trio task:
   the request. Leaving :meth:`open_stream`'s block early cancels the pump and waits (shielded,
   at most ``abort_timeout`` seconds) until the pump has finished: when the block is left, the
   abort has run.
+* **Batched clean-up.** The pumps that Trio cancels before the loop next runs are cancelled by
+  one ``call_soon_threadsafe``, like the credits. :meth:`AsyncioThread.start_soon` starts a
+  coroutine that nobody waits for (vLLM's batch abort, which only gets ahead of what each pump's
+  own clean-up does anyway); the loop holds it until it is done and logs its failure.
 * **Errors.** An exception from the generator is raised in the Trio task by ``map_error(exc)``,
   which turns engine exceptions into braid's error types.
 """
@@ -29,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Generic, TypeVar
@@ -40,6 +45,8 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 _END = object()
+
+log = logging.getLogger(__name__)
 
 
 @attrs.frozen
@@ -57,6 +64,7 @@ class _Hub:
     _ready: list[_Stream[Any]] = attrs.Factory(list)
     _trio_wake_pending: bool = False
     _credits: list[tuple[_Stream[Any], int]] = attrs.Factory(list)
+    _cancels: list[_Stream[Any]] = attrs.Factory(list)
     _loop_wake_pending: bool = False
 
     def stream_ready(self, stream: _Stream[Any]) -> None:
@@ -85,14 +93,26 @@ class _Hub:
             if self._loop_wake_pending:
                 return
             self._loop_wake_pending = True
-        self.loop.call_soon_threadsafe(self._release_credits)
+        self.loop.call_soon_threadsafe(self._on_loop)
 
-    def _release_credits(self) -> None:
+    def cancel(self, stream: _Stream[Any]) -> None:
+        """Trio thread: cancel ``stream``'s pump (soon)."""
+        with self._lock:
+            self._cancels.append(stream)
+            if self._loop_wake_pending:
+                return
+            self._loop_wake_pending = True
+        self.loop.call_soon_threadsafe(self._on_loop)
+
+    def _on_loop(self) -> None:
         with self._lock:
             credits, self._credits = self._credits, []
+            cancels, self._cancels = self._cancels, []
             self._loop_wake_pending = False
         for stream, count in credits:
             stream.release(count)
+        for stream in cancels:
+            stream.cancel_pump()
 
 
 @attrs.define(eq=False)
@@ -222,9 +242,31 @@ class AsyncioThread:
     window: int = 8
     abort_timeout: float = 5.0
     _hub: _Hub = attrs.field(init=False)
+    _unawaited: set[asyncio.Task[Any]] = attrs.Factory(set)
 
     def __attrs_post_init__(self) -> None:
         self._hub = _Hub(self.loop, self.token)
+
+    def start_soon(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        """Start ``fn(*args)`` on the loop and return at once; nobody waits for it.
+
+        Only for work whose end nothing depends on. The loop keeps a reference to the task until
+        it is done (asyncio holds tasks weakly) and logs an exception instead of raising it.
+        Meant for calls that finish in a moment: a task still pending when the loop stops is
+        dropped with it.
+        """
+
+        def spawn() -> None:
+            task = self.loop.create_task(fn(*args))
+            self._unawaited.add(task)
+            task.add_done_callback(self._reap)
+
+        self.loop.call_soon_threadsafe(spawn)
+
+    def _reap(self, task: asyncio.Task[Any]) -> None:
+        self._unawaited.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("background engine call failed: %r", task.exception())
 
     async def run(self, fn: Callable[..., Coroutine[Any, Any, R]], *args: Any) -> R:
         """Run ``fn(*args)`` on the loop and return its result or raise its exception.
@@ -275,7 +317,7 @@ class AsyncioThread:
             # The concurrent future of run_coroutine_threadsafe reports "done" as soon as it is
             # cancelled, before the task has run its cleanup; so cancel the task ourselves and
             # wait for the pump's own signal that it has finished.
-            self.loop.call_soon_threadsafe(stream.cancel_pump)
+            self._hub.cancel(stream)
             with trio.CancelScope(shield=True), trio.move_on_after(self.abort_timeout):
                 await stream.wait_finished()
 

@@ -19,7 +19,7 @@ Fault hooks, read from the prompt's text (token-id prompts are decoded first):
   lazy validation does.
 
 The engine counts requests in flight, finished, failed and aborted, and keeps the ids of aborted
-requests (so a test can see that none was aborted twice).
+requests (so a test can see that none was aborted twice) and each batch a run asked to abort at once.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import hashlib
 import math
 import re
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 import attrs
@@ -212,10 +212,15 @@ class ScriptedEngine:
     finished_total: int = 0
     aborted_ids: list[str] = attrs.field(factory=list)
     failed_total: int = 0
+    batch_aborts: list[tuple[str, ...]] = attrs.field(factory=list)
 
     @property
     def aborted_total(self) -> int:
         return len(self.aborted_ids)
+
+    def abort_requests(self, request_ids: Sequence[str]) -> None:
+        """Records the batch; each request's own ``open_request`` exit still does the abort."""
+        self.batch_aborts.append(tuple(request_ids))
 
     @asynccontextmanager
     async def open_request(self, request: EngineRequest) -> AsyncIterator[AsyncIterator[EngineOutput]]:

@@ -158,6 +158,12 @@ class VllmEngine:
             output_kind=self._kind,
         )
 
+    def abort_requests(self, request_ids: Sequence[str]) -> None:
+        # One AsyncLLM.abort for the batch: vLLM drops them from its output processor and sends
+        # the engine core one abort message. The pumps' own aborts then find nothing left to do.
+        if request_ids:
+            self.bridge.start_soon(self.llm.abort, list(request_ids))
+
     @asynccontextmanager
     async def open_request(self, request: EngineRequest) -> AsyncIterator[AsyncIterator[EngineOutput]]:
         if self.llm.errored:
