@@ -44,11 +44,13 @@ class LiveServer:
         )
 
 
-async def start_server(nursery: trio.Nursery, *, token_delay: float = 0.0, **settings: object) -> LiveServer:
+async def start_server(
+    nursery: trio.Nursery, *, token_delay: float = 0.0, fast_send: bool = True, **settings: object
+) -> LiveServer:
     engine = ScriptedEngine(token_delay=token_delay)
     app = create_app(engine, Settings(**settings))  # type: ignore[arg-type]
     shutdown = trio.Event()
-    cfg = ServerConfig(port=0, graceful_timeout=1.0, keep_alive_timeout=75.0)
+    cfg = ServerConfig(port=0, graceful_timeout=1.0, keep_alive_timeout=75.0, fast_send=fast_send)
     urls = await nursery.start(partial(serve, app, cfg, shutdown=shutdown, handle_signals=False))
     return LiveServer(urls[0], engine, app, shutdown)
 

@@ -73,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--graceful-timeout", type=float, default=10.0, help="drain time after SIGTERM (seconds)")
     h.add_argument("--keep-alive", type=float, default=75.0, help="idle keep-alive timeout (seconds)")
     h.add_argument("--access-log", action="store_true")
+    h.add_argument("--stock-send", action="store_true",
+                   help="send every response chunk through hypercorn's own locked path, not braid's "
+                   "direct socket write (see braid.http.fast_send; for comparison)")
     return p
 
 
@@ -146,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         stall_timeout=args.stall_timeout,
         heartbeat=args.heartbeat,
     )
-    cfg = ServerConfig(args.host, args.port, args.graceful_timeout, args.keep_alive, args.access_log)
+    cfg = ServerConfig(
+        args.host, args.port, args.graceful_timeout, args.keep_alive, args.access_log, fast_send=not args.stock_send
+    )
 
     async def run() -> None:
         async with open_engine(args) as engine:

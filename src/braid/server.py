@@ -17,6 +17,7 @@ import hypercorn.trio
 import trio
 
 from braid.http.app import BraidApp
+from braid.http.fast_send import fast_send
 
 log = logging.getLogger("braid")
 
@@ -30,6 +31,8 @@ class ServerConfig:
     # connections first and never reuses one that hypercorn is closing.
     keep_alive_timeout: float = 75.0
     access_log: bool = False
+    # Write each response chunk straight to the socket when it has room (braid.http.fast_send).
+    fast_send: bool = True
 
 
 def hypercorn_config(cfg: ServerConfig) -> hypercorn.config.Config:
@@ -77,4 +80,5 @@ async def serve(
                 await trio.sleep_forever()
         app.state.draining = True
 
-    await hypercorn.trio.serve(app, hypercorn_config(cfg), shutdown_trigger=trigger, task_status=task_status)
+    with fast_send(cfg.fast_send):
+        await hypercorn.trio.serve(app, hypercorn_config(cfg), shutdown_trigger=trigger, task_status=task_status)
