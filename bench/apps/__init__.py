@@ -22,14 +22,18 @@ def load_payload(stream_file: str, json_file: str) -> tuple[list[bytes], bytes]:
     return events, Path(json_file).read_bytes()
 
 
-def payload_from_argv() -> tuple[int, list[bytes], bytes]:
-    """``--port P --stream FILE --json FILE``, the command line of every comparison app."""
+def payload_from_argv(*switches: str) -> tuple[int, list[bytes], bytes, set[str]]:
+    """``--port P --stream FILE --json FILE``, the command line of every comparison app, plus the
+    app's own on/off ``switches`` (e.g. ``--fast-send``): returns the ones given."""
     import argparse
 
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--stream", required=True)
     p.add_argument("--json", required=True)
+    for switch in switches:
+        p.add_argument(switch, action="store_true")
     args = p.parse_args()
     events, body = load_payload(args.stream, args.json)
-    return args.port, events, body
+    given = {s for s in switches if getattr(args, s.lstrip("-").replace("-", "_"))}
+    return args.port, events, body, given

@@ -3,9 +3,10 @@
 ``POST /per-event`` streams the events with one ASGI body send each, ``POST /per-response``
 sends the whole stream in one body send, ``POST /json`` returns the non-streaming body (one
 send, with Content-Length). Every route reads the request body first. hypercorn is configured
-as ``braid.server`` configures it (same keep-alive, no access log).
+as ``braid.server`` configures it (same keep-alive, no access log). With ``--fast-send`` it serves
+through braid's direct socket write (:mod:`braid.http.fast_send`), the stack braid itself runs on.
 
-Run: python -m bench.apps.bare_hypercorn --port P --stream FILE --json FILE
+Run: python -m bench.apps.bare_hypercorn --port P --stream FILE --json FILE [--fast-send]
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import hypercorn.trio
 import trio
 
 from bench.apps import payload_from_argv
+from braid.http.fast_send import fast_send
 
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -60,12 +62,13 @@ def make_app(events: list[bytes], body: bytes):  # type: ignore[no-untyped-def]
 
 
 def main() -> None:
-    port, events, body = payload_from_argv()
+    port, events, body, switches = payload_from_argv("--fast-send")
     config = hypercorn.config.Config()
     config.bind = [f"127.0.0.1:{port}"]
     config.keep_alive_timeout = 75.0
     config.accesslog = None
-    trio.run(hypercorn.trio.serve, make_app(events, body), config)
+    with fast_send("--fast-send" in switches):
+        trio.run(hypercorn.trio.serve, make_app(events, body), config)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ def make_app(events: list[bytes], body: bytes) -> FastAPI:
 
 
 def main() -> None:
-    port, events, body = payload_from_argv()
+    port, events, body, _ = payload_from_argv()
     uvicorn.run(make_app(events, body), host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
