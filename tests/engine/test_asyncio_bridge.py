@@ -89,12 +89,41 @@ async def test_a_consumer_that_stops_reading_parks_the_pump_and_cancel_still_abo
     engine = FakeEngine()
     async with open_asyncio_thread(window=4) as bridge:
         async with bridge.open_stream(lambda: engine.generate("parked", 10_000)) as stream:
-            await trio.sleep(0.2)  # never read: the pump waits for credits
+            await trio.sleep(0.2)  # never read: the pump parks on a full window
             produced = engine.produced["parked"]
             assert 4 <= produced <= 5, produced  # bounded by the window, not by the generator
             assert len(await stream.receive_batch()) == produced
         # leaving the block with the generator parked outside its frame: aclosing must abort it
         assert engine.aborted == ["parked"]
+
+
+async def test_a_reader_that_keeps_up_never_wakes_the_loop() -> None:
+    """The window costs no thread crossing until it fills (the old credit scheme woke the loop
+    every window // 2 items: 25 times here)."""
+    engine = FakeEngine()
+    async with open_asyncio_thread(window=8) as bridge:
+        got = await _collect(bridge, lambda: engine.generate("a", 100, delay=0.001))
+        wakes = bridge._hub.loop_wakes
+    assert got == list(range(100))
+    assert wakes <= 2, wakes  # the stream's own cancel on exit, and slack for one stall
+
+
+async def test_a_slow_reader_parks_and_resumes_the_pump_in_order() -> None:
+    engine = FakeEngine()
+    async with open_asyncio_thread(window=4) as bridge:
+        batches: list[list[int]] = []
+        async with bridge.open_stream(lambda: engine.generate("s", 60)) as stream:
+            while True:
+                await trio.sleep(0.005)  # the generator fills the window meanwhile
+                try:
+                    batches.append(await stream.receive_batch())
+                except trio.EndOfChannel:
+                    break
+        wakes = bridge._hub.loop_wakes
+    assert [i for b in batches for i in b] == list(range(60))
+    assert max(len(b) for b in batches) <= 4  # never more than the window waits
+    assert wakes >= 60 // 4 - 1  # each full window parked the pump, and each take resumed it
+    assert engine.finished == ["s"]
 
 
 async def test_generator_errors_are_mapped_and_raised_in_trio() -> None:

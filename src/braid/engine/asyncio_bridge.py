@@ -4,24 +4,23 @@
 on exit. :meth:`AsyncioThread.open_stream` runs one async generator on that loop and delivers its
 items to the calling Trio task:
 
-* **Push with credits.** A pump task on the loop iterates the generator and appends each item to a
-  deque, which the Trio side reads; at most ``window`` items are undelivered at once, after which
-  the pump waits for credits (vLLM keeps merging deltas meanwhile, so nothing is lost). The
-  asyncio thread never blocks on Trio.
+* **Push with a window.** A pump task on the loop iterates the generator and appends each item to
+  a deque, which the Trio side empties; once ``window`` items wait in the deque, the pump parks
+  until the Trio side takes them (vLLM keeps merging deltas meanwhile, so nothing is lost). The
+  asyncio thread never blocks on Trio, and a reader that keeps up never makes the pump park, so
+  it never has to wake the loop: the window costs nothing until it is full.
 * **One wake-up per burst, for all streams.** Each crossing between the threads costs a write to
   a wake-up socket and a hand-over of the GIL. An engine step yields one output for every running
   request at once, so the thread's :class:`_Hub` batches them: all the streams that got items
-  before Trio next runs cost one ``TrioToken.run_sync_soon``, and all the credits Trio returns
-  before the loop next runs cost one ``call_soon_threadsafe``. Credits go back in halves of the
-  window, so a stream that is read as fast as it is written wakes the loop for every
-  ``window // 2`` items, not for each: the pump still holds at least half its window.
+  before Trio next runs cost one ``TrioToken.run_sync_soon``, and all the parked pumps Trio
+  releases before the loop next runs cost one ``call_soon_threadsafe``.
 * **Abort.** The generator is iterated inside ``contextlib.aclosing``, so cancelling the pump
-  closes the generator even while the pump waits for credits; vLLM's ``generate`` then aborts
+  closes the generator even while the pump is parked; vLLM's ``generate`` then aborts
   the request. Leaving :meth:`open_stream`'s block early cancels the pump and waits (shielded,
   at most ``abort_timeout`` seconds) until the pump has finished: when the block is left, the
   abort has run.
 * **Batched clean-up.** The pumps that Trio cancels before the loop next runs are cancelled by
-  one ``call_soon_threadsafe``, like the credits. :meth:`AsyncioThread.start_soon` starts a
+  one ``call_soon_threadsafe``, like the resumed pumps. :meth:`AsyncioThread.start_soon` starts a
   coroutine that nobody waits for (vLLM's batch abort, which only gets ahead of what each pump's
   own clean-up does anyway); the loop holds it until it is done and logs its failure.
 * **Errors.** An exception from the generator is raised in the Trio task by ``map_error(exc)``,
@@ -63,9 +62,10 @@ class _Hub:
     _lock: threading.Lock = attrs.Factory(threading.Lock)
     _ready: list[_Stream[Any]] = attrs.Factory(list)
     _trio_wake_pending: bool = False
-    _credits: list[tuple[_Stream[Any], int]] = attrs.Factory(list)
+    _resumes: list[asyncio.Future[None]] = attrs.Factory(list)
     _cancels: list[_Stream[Any]] = attrs.Factory(list)
     _loop_wake_pending: bool = False
+    loop_wakes: int = 0  # call_soon_threadsafe calls made (tests count them)
 
     def stream_ready(self, stream: _Stream[Any]) -> None:
         """asyncio thread: ``stream`` has new items; wake its Trio reader (soon)."""
@@ -86,13 +86,17 @@ class _Hub:
         for stream in ready:
             stream.wake()
 
-    def return_credits(self, stream: _Stream[Any], count: int) -> None:
-        """Trio thread: ``stream``'s reader took ``count`` items; let its pump go on (soon)."""
+    def resume(self, parked: asyncio.Future[None]) -> None:
+        """Trio thread: a parked pump's items were taken; let it go on (soon)."""
         with self._lock:
-            self._credits.append((stream, count))
+            self._resumes.append(parked)
             if self._loop_wake_pending:
                 return
             self._loop_wake_pending = True
+        self._wake_loop()
+
+    def _wake_loop(self) -> None:
+        self.loop_wakes += 1
         self.loop.call_soon_threadsafe(self._on_loop)
 
     def cancel(self, stream: _Stream[Any]) -> None:
@@ -102,15 +106,16 @@ class _Hub:
             if self._loop_wake_pending:
                 return
             self._loop_wake_pending = True
-        self.loop.call_soon_threadsafe(self._on_loop)
+        self._wake_loop()
 
     def _on_loop(self) -> None:
         with self._lock:
-            credits, self._credits = self._credits, []
+            resumes, self._resumes = self._resumes, []
             cancels, self._cancels = self._cancels, []
             self._loop_wake_pending = False
-        for stream, count in credits:
-            stream.release(count)
+        for parked in resumes:
+            if not parked.done():  # a pump cancelled while parked has cancelled its future
+                parked.set_result(None)
         for stream in cancels:
             stream.cancel_pump()
 
@@ -126,13 +131,12 @@ class _Stream(Generic[T]):
     _lock: threading.Lock = attrs.Factory(threading.Lock)
     _wakeup: trio.Event = attrs.Factory(trio.Event)
     _wakeup_pending: bool = False
-    _credits: asyncio.Semaphore | None = None
+    _parked: asyncio.Future[None] | None = None  # the pump waits on it while the window is full
     _ended: bool = False
     _failure: BaseException | None = None
     _task: asyncio.Task[None] | None = None
     _cancelled: bool = False
     _finished: trio.Event = attrs.Factory(trio.Event)
-    _owed: int = 0  # credits taken by the Trio side, not yet returned
 
     # ---- asyncio thread
 
@@ -156,12 +160,12 @@ class _Stream(Generic[T]):
             self._task.cancel()
 
     async def _pump(self, agen: AsyncIterator[T]) -> None:
-        self._credits = asyncio.Semaphore(self._window)
         try:
             async with contextlib.aclosing(agen) as gen:  # type: ignore[type-var]
                 async for item in gen:
-                    self._deliver(item)
-                    await self._credits.acquire()
+                    parked = self._deliver(item)
+                    if parked is not None:
+                        await parked
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001 - delivered to the Trio side, which raises it
@@ -169,18 +173,18 @@ class _Stream(Generic[T]):
         else:
             self._deliver(_END)
 
-    def _deliver(self, item: object) -> None:
+    def _deliver(self, item: object) -> asyncio.Future[None] | None:
+        """Queue ``item``; returns the future to park on when that filled the window."""
+        parked = None
         with self._lock:
             self._items.append(item)
-            if self._wakeup_pending:
-                return
+            if len(self._items) >= self._window:
+                parked = self._parked = self._hub.loop.create_future()
+            wake = not self._wakeup_pending
             self._wakeup_pending = True
-        self._hub.stream_ready(self)
-
-    def release(self, count: int) -> None:
-        assert self._credits is not None
-        for _ in range(count):
-            self._credits.release()
+        if wake:
+            self._hub.stream_ready(self)
+        return parked
 
     # ---- Trio side
 
@@ -206,11 +210,14 @@ class _Stream(Generic[T]):
                 if self._items:
                     items = list(self._items)
                     self._items.clear()
+                    parked, self._parked = self._parked, None
                     break
                 self._wakeup = trio.Event()
                 self._wakeup_pending = False
                 wakeup = self._wakeup
             await wakeup.wait()
+        if parked is not None:
+            self._hub.resume(parked)
         out: list[T] = []
         for item in items:
             if item is _END:
@@ -221,10 +228,6 @@ class _Stream(Generic[T]):
                 break
             out.append(item)  # type: ignore[arg-type]
         if out:
-            self._owed += len(out)
-            if self._owed >= max(1, self._window // 2):
-                self._hub.return_credits(self, self._owed)
-                self._owed = 0
             return out
         return await self.receive_batch()
 
