@@ -55,7 +55,7 @@ async def test_cancelling_the_run_aborts_every_request_once(autojump_clock: trio
 
 async def test_a_stalled_consumer_fails_the_run_after_the_stall_timeout(autojump_clock: trio.testing.MockClock) -> None:
     engine = ScriptedEngine(token_delay=0.0)
-    plan = plan_for(engine, b'{"prompt": ["a","b"], "max_tokens": 1000, "ignore_eos": true}')
+    plan = plan_for(engine, b'{"prompt": ["a","b"], "max_tokens": 1000, "ignore_eos": true, "stream": true}')
     run = CompletionRun(engine, plan, Metrics(), buffer=4, stall_timeout=2.0)
     async with run:
         await trio.sleep(1.9)
@@ -68,7 +68,7 @@ async def test_a_stalled_consumer_fails_the_run_after_the_stall_timeout(autojump
 
 async def test_receive_ready_takes_everything_ready_at_once() -> None:
     engine = ScriptedEngine(token_delay=0.0)
-    plan = plan_for(engine, b'{"prompt": ["a","b","c","d"], "max_tokens": 8, "ignore_eos": true}')
+    plan = plan_for(engine, b'{"prompt": ["a","b","c","d"], "max_tokens": 8, "ignore_eos": true, "stream": true}')
     sizes = []
     async with CompletionRun(engine, plan, Metrics(), buffer=64) as run:
         await trio.testing.wait_all_tasks_blocked()

@@ -61,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--engine-arg", type=_engine_arg, action="append", default=[], metavar="KEY=VALUE",
                    help="any other AsyncEngineArgs field; VALUE is JSON or a string (repeatable)")
     e.add_argument("--fault-hooks", action="store_true",
-                   help="tests only: a prompt holding 'braid:fail@S' fails after S outputs")
+                   help="tests only: a prompt holding 'braid:fail@S' fails after S tokens")
     h = s.add_argument_group("front end")
     h.add_argument("--max-prompts", type=int, default=1024, help="prompts per request")
     h.add_argument("--max-choices", type=int, default=4096, help="prompts x n per request")

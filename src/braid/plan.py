@@ -151,7 +151,8 @@ def make_plan(
         else:
             echo_text = tokenizer.decode(ids, skip_special_tokens=req.skip_special_tokens)
         text = prompt.text if isinstance(prompt, TextPrompt) else None
-        items.append(PlanItem(i, EngineRequest(f"{request_id}-{i}", ids, item_params, text), echo_text))
+        request = EngineRequest(f"{request_id}-{i}", ids, item_params, text, final_only=not req.stream)
+        items.append(PlanItem(i, request, echo_text))
     return Plan(
         meta=ResponseMeta(request_id, created, info.name),
         items=tuple(items),

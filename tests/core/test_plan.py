@@ -35,6 +35,11 @@ def refuse(info: ModelInfo = INFO, **body: object) -> InvalidRequest:
     return exc.value
 
 
+def test_only_non_streaming_requests_ask_for_the_final_output_only() -> None:
+    assert all(it.request.final_only for it in plan(prompt=["a", "b"]).items)
+    assert not any(it.request.final_only for it in plan(prompt=["a", "b"], stream=True).items)
+
+
 def test_one_engine_request_per_prompt_with_suffixed_ids() -> None:
     p = plan(request_id="cmpl-xyz", created=99, prompt=["a", "b", "c"], n=2)
     assert [it.request.request_id for it in p.items] == ["cmpl-xyz-0", "cmpl-xyz-1", "cmpl-xyz-2"]

@@ -12,6 +12,9 @@ Contract:
 
 * Every output carries only new tokens (vLLM's ``RequestOutputKind.DELTA``); an engine may merge
   several pending deltas of one choice into one output when the consumer lags.
+* A request marked ``final_only`` (a non-streaming response, which is sent only when complete)
+  may instead come as one output holding every choice's whole completion (vLLM's
+  ``RequestOutputKind.FINAL_ONLY``): the same sum of deltas, without one hand-over per step.
 * ``prompt_logprobs`` is set on the first output only.
 * The last output has ``finished=True``, and every choice has had exactly one delta with a
   non-null ``finish_reason`` by then.
@@ -85,6 +88,7 @@ class EngineRequest:
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams
     prompt_text: str | None = None
+    final_only: bool = False  # only the finished result is needed (see the module docstring)
 
 
 @attrs.frozen

@@ -10,6 +10,8 @@ after ``min_tokens`` emits EOS with probability 1/24. Stop strings (with vLLM's 
 text that may still become a stop string), stop token ids, ``logprobs`` and ``prompt_logprobs``
 are honoured; the other sampling parameters (top_p, penalties, logit_bias...) are accepted and
 have no effect here. Each token is one delta, produced ``token_delay`` seconds after the previous one.
+A ``final_only`` request is generated the same way, step by step, and delivered as one output
+when it finishes: the deltas of each choice joined (:func:`join_deltas`).
 
 Fault hooks, read from the prompt's text (token-id prompts are decoded first):
 
@@ -173,6 +175,11 @@ class _Generation:
         ids = self.request.prompt_token_ids
         return (None, *(_top(t, k, ids[:i], "prompt") for i, t in enumerate(ids) if i > 0))
 
+    async def final_output(self) -> AsyncIterator[EngineOutput]:
+        """The request generated step by step, delivered as one output (``final_only``)."""
+        steps = [output async for output in self.outputs()]  # an error or cancellation ends both
+        yield join_deltas(steps)
+
     async def outputs(self) -> AsyncIterator[EngineOutput]:
         await trio.lowlevel.checkpoint()
         if self.invalid:
@@ -196,6 +203,24 @@ class _Generation:
             prompt_logprobs = None
             if done:
                 return
+
+
+def join_deltas(outputs: Sequence[EngineOutput]) -> EngineOutput:
+    """One output holding what ``outputs`` (one request's deltas, in order) hold together."""
+    parts: dict[int, list[ChoiceDelta]] = {}
+    for output in outputs:
+        for delta in output.choices:
+            parts.setdefault(delta.index, []).append(delta)
+    choices = []
+    for k in sorted(parts):
+        ds = parts[k]
+        lps = [lp for d in ds for lp in d.logprobs] if ds[0].logprobs is not None else None
+        choices.append(ChoiceDelta(
+            k, "".join(d.text for d in ds), tuple(t for d in ds for t in d.token_ids),
+            None if lps is None else tuple(lps), ds[-1].finish_reason, ds[-1].stop_reason,
+        ))
+    first, last = outputs[0], outputs[-1]
+    return EngineOutput(first.prompt_token_ids, tuple(choices), last.finished, first.prompt_logprobs)
 
 
 @attrs.define(eq=False)
@@ -230,7 +255,7 @@ class ScriptedEngine:
         text = self.tokenizer.decode(request.prompt_token_ids)
         fail = _FAIL.search(text)
         gen = _Generation(request, self.token_delay, int(fail.group(1)) if fail else None, "braid:invalid" in text)
-        outputs = gen.outputs()
+        outputs = gen.final_output() if request.final_only else gen.outputs()
         self.in_flight += 1
         failed = False
         try:

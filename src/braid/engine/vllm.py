@@ -112,15 +112,16 @@ class VllmEngine:
     """braid's Engine over ``AsyncLLM``.
 
     With ``fault_hooks`` (``braid serve --fault-hooks``, for tests only), a prompt whose text holds
-    ``braid:fail@S`` fails with :class:`~braid.errors.EngineError` after ``S`` outputs, as in the
-    scripted engine; vLLM still generates for it until then, so its abort path is exercised.
+    ``braid:fail@S`` fails with :class:`~braid.errors.EngineError` once more than ``S`` tokens have
+    arrived, as in the scripted engine; vLLM still generates for it until then, so its abort path is
+    exercised.
     """
 
     bridge: AsyncioThread
     llm: Any
     info: ModelInfo
     tokenizer: HfTokenizer
-    _kind: Any = None
+    _kind: Any = None  # vllm's RequestOutputKind
     _params_cls: Any = None
     fault_hooks: bool = False
 
@@ -131,7 +132,7 @@ class VllmEngine:
     def unfinished_requests(self) -> int:
         return int(self.llm.get_num_unfinished_requests())
 
-    def _params(self, p: SamplingParams) -> Any:
+    def _params(self, p: SamplingParams, *, final_only: bool = False) -> Any:
         return self._params_cls(
             n=p.n,
             max_tokens=p.max_tokens,
@@ -155,7 +156,9 @@ class VllmEngine:
             logit_bias=None if p.logit_bias is None else dict(p.logit_bias),
             allowed_token_ids=None if p.allowed_token_ids is None else list(p.allowed_token_ids),
             bad_words=None if p.bad_words is None else list(p.bad_words),
-            output_kind=self._kind,
+            # FINAL_ONLY for a non-streaming response, as vLLM's own server does: one output per
+            # request instead of one per step, each of which crosses to the Trio thread.
+            output_kind=self._kind.FINAL_ONLY if final_only else self._kind.DELTA,
         )
 
     def abort_requests(self, request_ids: Sequence[str]) -> None:
@@ -169,7 +172,7 @@ class VllmEngine:
         if self.llm.errored:
             raise EngineUnavailable("The engine is not running.")
         try:
-            params = self._params(request.params)
+            params = self._params(request.params, final_only=request.final_only)
         except (ValueError, TypeError) as exc:
             raise map_error(exc) from exc
         prompt = {"prompt_token_ids": list(request.prompt_token_ids)}
@@ -186,17 +189,19 @@ class VllmEngine:
             fail_after = int(fail.group(1)) if fail else None
 
             async def outputs() -> AsyncIterator[EngineOutput]:
-                produced = 0
+                produced = 0  # tokens of the longest choice so far
                 while True:
                     try:
                         batch = await stream.receive_batch()
                     except trio.EndOfChannel:
                         return
                     for ro in batch:
-                        if fail_after is not None and produced >= fail_after:
-                            raise EngineError(f"injected failure after {produced} outputs (braid:fail@{fail_after})")
-                        produced += 1
-                        yield _convert(ro)
+                        out = _convert(ro)
+                        if fail_after is not None:
+                            produced += max((len(c.token_ids) for c in out.choices), default=0)
+                            if produced > fail_after:
+                                raise EngineError(f"injected failure after {fail_after} tokens (braid:fail@{fail_after})")
+                        yield out
 
             agen = outputs()
             try:
@@ -269,7 +274,7 @@ async def open_vllm_engine(
                 max_logprobs=mc.max_logprobs,
             )
             tokenizer = HfTokenizer(tok, mc.get_vocab_size())
-            yield VllmEngine(bridge, llm, info, tokenizer, kind_cls.DELTA, params_cls, fault_hooks)
+            yield VllmEngine(bridge, llm, info, tokenizer, kind_cls, params_cls, fault_hooks)
         finally:
             # On the loop thread: shutdown() cancels vLLM's output handler task, which is only
             # safe from the loop that runs it.
