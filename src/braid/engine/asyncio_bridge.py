@@ -20,7 +20,8 @@ items to the calling Trio task:
   at most ``abort_timeout`` seconds) until the pump has finished: when the block is left, the
   abort has run.
 * **Batched clean-up.** The pumps that Trio cancels before the loop next runs are cancelled by
-  one ``call_soon_threadsafe``, like the resumed pumps. :meth:`AsyncioThread.start_soon` starts a
+  one ``call_soon_threadsafe``, like the resumed pumps, and the pumps that finish before Trio
+  next runs are reported in the same single wake-up as new items. :meth:`AsyncioThread.start_soon` starts a
   coroutine that nobody waits for (vLLM's batch abort, which only gets ahead of what each pump's
   own clean-up does anyway); the loop holds it until it is done and logs its failure.
 * **Errors.** An exception from the generator is raised in the Trio task by ``map_error(exc)``,
@@ -61,6 +62,7 @@ class _Hub:
     token: trio.lowlevel.TrioToken
     _lock: threading.Lock = attrs.Factory(threading.Lock)
     _ready: list[_Stream[Any]] = attrs.Factory(list)
+    _done: list[_Stream[Any]] = attrs.Factory(list)
     _trio_wake_pending: bool = False
     _resumes: list[asyncio.Future[None]] = attrs.Factory(list)
     _cancels: list[_Stream[Any]] = attrs.Factory(list)
@@ -74,6 +76,21 @@ class _Hub:
             if self._trio_wake_pending:
                 return
             self._trio_wake_pending = True
+        self._wake_trio()
+
+    def stream_finished(self, stream: _Stream[Any]) -> None:
+        """asyncio thread: ``stream``'s pump has finished; tell whoever waits for it (soon).
+
+        Batched like new items: when a batch is aborted, its pumps all finish in one loop pass.
+        """
+        with self._lock:
+            self._done.append(stream)
+            if self._trio_wake_pending:
+                return
+            self._trio_wake_pending = True
+        self._wake_trio()
+
+    def _wake_trio(self) -> None:
         try:
             self.token.run_sync_soon(self._wake_readers)
         except trio.RunFinishedError:
@@ -82,9 +99,12 @@ class _Hub:
     def _wake_readers(self) -> None:
         with self._lock:
             ready, self._ready = self._ready, []
+            done, self._done = self._done, []
             self._trio_wake_pending = False
         for stream in ready:
             stream.wake()
+        for stream in done:
+            stream.finished.set()
 
     def resume(self, parked: asyncio.Future[None]) -> None:
         """Trio thread: a parked pump's items were taken; let it go on (soon)."""
@@ -136,7 +156,7 @@ class _Stream(Generic[T]):
     _failure: BaseException | None = None
     _task: asyncio.Task[None] | None = None
     _cancelled: bool = False
-    _finished: trio.Event = attrs.Factory(trio.Event)
+    finished: trio.Event = attrs.Factory(trio.Event)  # set (on Trio) when the pump has finished
 
     # ---- asyncio thread
 
@@ -148,10 +168,7 @@ class _Stream(Generic[T]):
             self._task = asyncio.current_task()
             await self._pump(make_agen())
         finally:
-            try:
-                self._hub.token.run_sync_soon(self._finished.set)
-            except trio.RunFinishedError:
-                pass
+            self._hub.stream_finished(self)
 
     def cancel_pump(self) -> None:
         """On the loop: cancel the pump (or make sure it never starts)."""
@@ -232,7 +249,7 @@ class _Stream(Generic[T]):
         return await self.receive_batch()
 
     async def wait_finished(self) -> None:
-        await self._finished.wait()
+        await self.finished.wait()
 
 
 
