@@ -101,3 +101,21 @@ def test_sigterm_drains_then_exits_cleanly() -> None:
 def test_curl_style_request(braid_url: str) -> None:
     r = httpx.post(braid_url + "/v1/completions", json={"model": "scripted", "prompt": ["Hello", "World"], "max_tokens": 4, "temperature": 0})
     assert r.status_code == 200 and len(r.json()["choices"]) == 2
+
+
+def test_switch_interval_is_shortened_only_for_two_busy_threads() -> None:
+    import sys
+
+    from braid.cli import _set_switch_interval
+
+    saved = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.005)
+        _set_switch_interval(None, two_threads=False)
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+        _set_switch_interval(None, two_threads=True)
+        assert sys.getswitchinterval() == pytest.approx(0.001)
+        _set_switch_interval(0.003, two_threads=True)
+        assert sys.getswitchinterval() == pytest.approx(0.003)
+    finally:
+        sys.setswitchinterval(saved)
