@@ -195,6 +195,8 @@ async def test_a_served_stream_is_the_same_with_and_without_fast_send(nursery: t
 
     async def fetch(fast: bool) -> list[object]:
         srv = await start_server(nursery, fast_send=fast)
+        # The class hypercorn serves new connections with (an earlier server's swap must not leak).
+        assert hypercorn.trio.run.TCPServer is (FastSendTCPServer if fast else TCPServer)
         async with httpx.AsyncClient(base_url=srv.url, timeout=10) as client:
             r = await client.post("/v1/completions", json=body)
         srv.shutdown.set()
@@ -213,7 +215,8 @@ async def test_a_served_stream_is_the_same_with_and_without_fast_send(nursery: t
                 out.setdefault(e["choices"][0]["index"], []).append(e)
         return out
 
-    fast, stock = await fetch(True), await fetch(False)
+    stock = await fetch(False)  # first: a stock server never swaps, so it cannot leak into the next
+    fast = await fetch(True)
     assert per_choice(fast) == per_choice(stock)
     assert fast[-2] == stock[-2] and fast[-2]["usage"]["completion_tokens"] == 80  # type: ignore[index]
     assert fast[-1] == "[DONE]" and len(fast) == 2 * 40 + 2  # 80 token events, usage, [DONE]
