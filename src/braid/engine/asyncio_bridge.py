@@ -21,9 +21,10 @@ items to the calling Trio task:
   abort has run.
 * **Batched clean-up.** The pumps that Trio cancels before the loop next runs are cancelled by
   one ``call_soon_threadsafe``, like the resumed pumps, and the pumps that finish before Trio
-  next runs are reported in the same single wake-up as new items. :meth:`AsyncioThread.start_soon` starts a
-  coroutine that nobody waits for (vLLM's batch abort, which only gets ahead of what each pump's
-  own clean-up does anyway); the loop holds it until it is done and logs its failure.
+  next runs are reported in the same single wake-up as new items.
+  :meth:`AsyncioThread.start_soon` starts a coroutine that nobody waits for (vLLM's batch abort,
+  which only gets ahead of what each pump's own clean-up does anyway); the loop holds it until it
+  is done and logs its failure.
 * **Errors.** An exception from the generator is raised in the Trio task by ``map_error(exc)``,
   which turns engine exceptions into braid's error types.
 """
