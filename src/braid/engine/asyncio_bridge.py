@@ -72,26 +72,21 @@ class _Hub:
 
     def stream_ready(self, stream: _Stream[Any]) -> None:
         """asyncio thread: ``stream`` has new items; wake its Trio reader (soon)."""
-        with self._lock:
-            self._ready.append(stream)
-            if self._trio_wake_pending:
-                return
-            self._trio_wake_pending = True
-        self._wake_trio()
+        self._for_trio(self._ready, stream)
 
     def stream_finished(self, stream: _Stream[Any]) -> None:
         """asyncio thread: ``stream``'s pump has finished; tell whoever waits for it (soon).
 
         Batched like new items: when a batch is aborted, its pumps all finish in one loop pass.
         """
+        self._for_trio(self._done, stream)
+
+    def _for_trio(self, bucket: list[_Stream[Any]], stream: _Stream[Any]) -> None:
         with self._lock:
-            self._done.append(stream)
+            bucket.append(stream)
             if self._trio_wake_pending:
                 return
             self._trio_wake_pending = True
-        self._wake_trio()
-
-    def _wake_trio(self) -> None:
         try:
             self.token.run_sync_soon(self._wake_readers)
         except trio.RunFinishedError:
@@ -109,25 +104,20 @@ class _Hub:
 
     def resume(self, parked: asyncio.Future[None]) -> None:
         """Trio thread: a parked pump's items were taken; let it go on (soon)."""
-        with self._lock:
-            self._resumes.append(parked)
-            if self._loop_wake_pending:
-                return
-            self._loop_wake_pending = True
-        self._wake_loop()
-
-    def _wake_loop(self) -> None:
-        self.loop_wakes += 1
-        self.loop.call_soon_threadsafe(self._on_loop)
+        self._for_loop(self._resumes, parked)
 
     def cancel(self, stream: _Stream[Any]) -> None:
         """Trio thread: cancel ``stream``'s pump (soon)."""
+        self._for_loop(self._cancels, stream)
+
+    def _for_loop(self, bucket: list[Any], item: object) -> None:
         with self._lock:
-            self._cancels.append(stream)
+            bucket.append(item)
             if self._loop_wake_pending:
                 return
             self._loop_wake_pending = True
-        self._wake_loop()
+        self.loop_wakes += 1
+        self.loop.call_soon_threadsafe(self._on_loop)
 
     def _on_loop(self) -> None:
         with self._lock:
