@@ -28,6 +28,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import hypercorn.trio.run
 import trio
@@ -43,9 +44,13 @@ def _raw_socket(stream: object) -> socket.socket | None:
 
 
 class FastSendTCPServer(TCPServer):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._raw = _raw_socket(self.stream)  # a connection's stream never changes
+
     async def protocol_send(self, event: Event) -> None:
         if type(event) is RawData and not self.send_lock.locked():
-            raw = _raw_socket(self.stream)
+            raw = self._raw
             if raw is not None:
                 data = event.data
                 try:
