@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=None)
     e.add_argument("--engine-arg", type=_engine_arg, action="append", default=[], metavar="KEY=VALUE",
                    help="any other AsyncEngineArgs field; VALUE is JSON or a string (repeatable)")
+    e.add_argument("--engine-client", choices=["trio", "asyncio"], default="trio",
+                   help="trio: drive vLLM's engine core from braid's own thread (braid.engine.vllm_core); "
+                   "asyncio: vLLM's AsyncLLM on a second thread, through the asyncio bridge")
     e.add_argument("--fault-hooks", action="store_true",
                    help="tests only: a prompt holding 'braid:fail@S' fails after S tokens")
     h = s.add_argument_group("front end")
@@ -75,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--access-log", action="store_true")
     h.add_argument("--switch-interval", type=float, default=None, metavar="SECONDS",
                    help="how long a thread may hold the GIL while another waits for it (sys.setswitchinterval); "
-                   "default 0.001 with the vLLM engine, whose output handler runs on a second thread, "
+                   "default 0.001 with --engine-client asyncio, whose output handler runs on a second thread, "
                    "Python's 0.005 otherwise")
     h.add_argument("--stock-send", action="store_true",
                    help="send every response chunk through hypercorn's own locked path, not braid's "
@@ -128,6 +131,7 @@ async def open_engine(args: argparse.Namespace) -> AsyncIterator[Engine]:
         served_model_name=args.served_model_name or ("braid-tiny" if args.model is None else None),
         engine_kwargs=_vllm_kwargs(args, default_model=args.model is None),
         fault_hooks=args.fault_hooks,
+        client=args.engine_client,
     ) as engine:
         yield engine
 
@@ -139,6 +143,12 @@ def _freeze_startup_heap() -> None:
     own server does the same after its start-up."""
     gc.collect()
     gc.freeze()
+
+
+def _runs_asyncllm(engine: object) -> bool:
+    from braid.engine.vllm import VllmEngine  # imports no vLLM
+
+    return isinstance(engine, VllmEngine)
 
 
 def _set_switch_interval(seconds: float | None, *, two_threads: bool) -> None:
@@ -175,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         async with open_engine(args) as engine:
             app = create_app(engine, settings)
             _freeze_startup_heap()
-            _set_switch_interval(args.switch_interval, two_threads=not isinstance(engine, ScriptedEngine))
+            _set_switch_interval(args.switch_interval, two_threads=_runs_asyncllm(engine))
 
             async def announce(task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
                 await serve(app, cfg, task_status=task_status)

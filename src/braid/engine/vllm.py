@@ -1,4 +1,6 @@
-"""The vLLM engine: ``AsyncLLM`` on an asyncio thread that braid owns (see :mod:`.asyncio_bridge`).
+"""The vLLM engine. :func:`open_vllm_engine` drives vLLM's engine core from the Trio thread by
+default (:mod:`.vllm_core`); with ``client="asyncio"`` it runs ``AsyncLLM`` on an asyncio thread
+that braid owns (see :mod:`.asyncio_bridge`), described here.
 
 ``open_vllm_engine(...)`` constructs the engine *on* its loop (AsyncLLM starts its output handler
 on the running loop), yields a :class:`VllmEngine`, and shuts the engine down and joins the thread
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -104,7 +106,64 @@ def map_error(exc: BaseException) -> BaseException:
     return EngineError(f"The engine failed: {type(exc).__name__}: {exc}")
 
 
+def vllm_sampling_params(params_cls: Any, kind: Any, p: SamplingParams, *, final_only: bool = False) -> Any:
+    """braid's validated SamplingParams -> vLLM's (``kind`` is vLLM's RequestOutputKind)."""
+    return params_cls(
+        n=p.n,
+        max_tokens=p.max_tokens,
+        temperature=p.temperature,
+        top_p=p.top_p,
+        top_k=p.top_k,
+        min_p=p.min_p,
+        seed=p.seed,
+        stop=list(p.stop),
+        stop_token_ids=list(p.stop_token_ids),
+        include_stop_str_in_output=p.include_stop_str_in_output,
+        ignore_eos=p.ignore_eos,
+        min_tokens=p.min_tokens,
+        logprobs=p.logprobs,
+        prompt_logprobs=p.prompt_logprobs,
+        presence_penalty=p.presence_penalty,
+        frequency_penalty=p.frequency_penalty,
+        repetition_penalty=p.repetition_penalty,
+        skip_special_tokens=p.skip_special_tokens,
+        spaces_between_special_tokens=p.spaces_between_special_tokens,
+        logit_bias=None if p.logit_bias is None else dict(p.logit_bias),
+        allowed_token_ids=None if p.allowed_token_ids is None else list(p.allowed_token_ids),
+        bad_words=None if p.bad_words is None else list(p.bad_words),
+        # FINAL_ONLY for a non-streaming response, as vLLM's own server does: one output per
+        # request instead of one per step, each of which crosses to the Trio thread.
+        output_kind=kind.FINAL_ONLY if final_only else kind.DELTA,
+    )
+
+
 _FAIL = re.compile(r"braid:fail@(\d+)")
+
+
+def fail_after(request: EngineRequest, fault_hooks: bool) -> int | None:
+    """The ``S`` of a ``braid:fail@S`` fault hook in the prompt text (``--fault-hooks`` only)."""
+    fail = _FAIL.search(request.prompt_text or "") if fault_hooks else None
+    return int(fail.group(1)) if fail else None
+
+
+async def engine_outputs(
+    receive_batch: Callable[[], Awaitable[Sequence[Any]]], fail_after: int | None
+) -> AsyncIterator[EngineOutput]:
+    """vLLM's RequestOutputs (``receive_batch`` raises ``trio.EndOfChannel`` at the end) as braid's
+    EngineOutputs, failing as the fault hook says once more than ``fail_after`` tokens came."""
+    produced = 0  # tokens of the longest choice so far
+    while True:
+        try:
+            batch = await receive_batch()
+        except trio.EndOfChannel:
+            return
+        for ro in batch:
+            out = _convert(ro)
+            if fail_after is not None:
+                produced += max((len(c.token_ids) for c in out.choices), default=0)
+                if produced > fail_after:
+                    raise EngineError(f"injected failure after {fail_after} tokens (braid:fail@{fail_after})")
+            yield out
 
 
 @attrs.define(eq=False)
@@ -133,33 +192,7 @@ class VllmEngine:
         return int(self.llm.get_num_unfinished_requests())
 
     def _params(self, p: SamplingParams, *, final_only: bool = False) -> Any:
-        return self._params_cls(
-            n=p.n,
-            max_tokens=p.max_tokens,
-            temperature=p.temperature,
-            top_p=p.top_p,
-            top_k=p.top_k,
-            min_p=p.min_p,
-            seed=p.seed,
-            stop=list(p.stop),
-            stop_token_ids=list(p.stop_token_ids),
-            include_stop_str_in_output=p.include_stop_str_in_output,
-            ignore_eos=p.ignore_eos,
-            min_tokens=p.min_tokens,
-            logprobs=p.logprobs,
-            prompt_logprobs=p.prompt_logprobs,
-            presence_penalty=p.presence_penalty,
-            frequency_penalty=p.frequency_penalty,
-            repetition_penalty=p.repetition_penalty,
-            skip_special_tokens=p.skip_special_tokens,
-            spaces_between_special_tokens=p.spaces_between_special_tokens,
-            logit_bias=None if p.logit_bias is None else dict(p.logit_bias),
-            allowed_token_ids=None if p.allowed_token_ids is None else list(p.allowed_token_ids),
-            bad_words=None if p.bad_words is None else list(p.bad_words),
-            # FINAL_ONLY for a non-streaming response, as vLLM's own server does: one output per
-            # request instead of one per step, each of which crosses to the Trio thread.
-            output_kind=self._kind.FINAL_ONLY if final_only else self._kind.DELTA,
-        )
+        return vllm_sampling_params(self._params_cls, self._kind, p, final_only=final_only)
 
     def abort_requests(self, request_ids: Sequence[str]) -> None:
         # One AsyncLLM.abort for the batch: vLLM drops them from its output processor and sends
@@ -184,26 +217,7 @@ class VllmEngine:
             return llm.generate(prompt, params, request.request_id)
 
         async with self.bridge.open_stream(start, map_error) as stream:
-
-            fail = _FAIL.search(request.prompt_text or "") if self.fault_hooks else None
-            fail_after = int(fail.group(1)) if fail else None
-
-            async def outputs() -> AsyncIterator[EngineOutput]:
-                produced = 0  # tokens of the longest choice so far
-                while True:
-                    try:
-                        batch = await stream.receive_batch()
-                    except trio.EndOfChannel:
-                        return
-                    for ro in batch:
-                        out = _convert(ro)
-                        if fail_after is not None:
-                            produced += max((len(c.token_ids) for c in out.choices), default=0)
-                            if produced > fail_after:
-                                raise EngineError(f"injected failure after {fail_after} tokens (braid:fail@{fail_after})")
-                        yield out
-
-            agen = outputs()
+            agen = engine_outputs(stream.receive_batch, fail_after(request, self.fault_hooks))
             try:
                 yield agen
             finally:
@@ -223,6 +237,32 @@ def _freeze_vllm_env() -> None:
         envs.enable_envs_cache()
 
 
+ENGINE_CLIENTS = ("trio", "asyncio")
+
+
+def _model_info_maker(model: str, names: Any) -> Callable[[Any], Awaitable[tuple[ModelInfo, HfTokenizer]]]:
+    async def make(mc: Any) -> tuple[ModelInfo, HfTokenizer]:
+        """ModelInfo from vLLM's model config (read after the engine's handshake, which may lower
+        max_model_len), and braid's own tokenizer instance (loaded in a worker thread)."""
+
+        def load_tokenizer() -> Any:
+            from transformers import AutoTokenizer
+
+            return AutoTokenizer.from_pretrained(mc.tokenizer, trust_remote_code=mc.trust_remote_code)
+
+        tok = await trio.to_thread.run_sync(load_tokenizer)
+        info = ModelInfo(
+            name=names if isinstance(names, str) else names[0],
+            root=model,
+            max_model_len=mc.max_model_len,
+            vocab_size=mc.get_vocab_size(),
+            max_logprobs=mc.max_logprobs,
+        )
+        return info, HfTokenizer(tok, mc.get_vocab_size())
+
+    return make
+
+
 @asynccontextmanager
 async def open_vllm_engine(
     model: str,
@@ -230,8 +270,16 @@ async def open_vllm_engine(
     served_model_name: str | None = None,
     engine_kwargs: Mapping[str, Any] | None = None,
     fault_hooks: bool = False,
-) -> AsyncIterator[VllmEngine]:
-    """Start ``AsyncLLM`` for ``model`` on a new asyncio thread; shut it down on exit."""
+    client: str = "trio",
+) -> AsyncIterator[Any]:
+    """Start vLLM's engine for ``model``; shut it down on exit.
+
+    ``client="trio"`` (the default) drives vLLM's engine core from the Trio thread
+    (:mod:`braid.engine.vllm_core`); ``"asyncio"`` runs vLLM's own ``AsyncLLM`` on an asyncio
+    thread through the bridge, which depends on less of vLLM's internals.
+    """
+    if client not in ENGINE_CLIENTS:
+        raise ValueError(f"client must be one of {ENGINE_CLIENTS}, not {client!r}")
     cpu = is_cpu_build()
     prepare_environment(cpu=cpu)
     kwargs: dict[str, Any] = {"model": model, "enforce_eager": cpu}
@@ -240,6 +288,21 @@ async def open_vllm_engine(
     kwargs.update(engine_kwargs or {})
     if served_model_name:
         kwargs["served_model_name"] = served_model_name
+    make_info = _model_info_maker(model, kwargs.get("served_model_name") or model)
+    if client == "trio":
+        from braid.engine.vllm_core import open_core_engine
+
+        async with open_core_engine(kwargs, make_info=make_info, fault_hooks=fault_hooks) as core:
+            _freeze_vllm_env()
+            yield core
+        return
+    async with _open_asyncllm(kwargs, make_info, fault_hooks) as engine:
+        yield engine
+
+
+@asynccontextmanager
+async def _open_asyncllm(kwargs: dict[str, Any], make_info: Any, fault_hooks: bool) -> AsyncIterator[VllmEngine]:
+    """``AsyncLLM`` on a new asyncio thread."""
 
     def imports() -> tuple[Any, Any, Any, Any]:
         from vllm import AsyncEngineArgs, SamplingParams as VSamplingParams
@@ -257,23 +320,7 @@ async def open_vllm_engine(
         llm = await bridge.run(make)
         _freeze_vllm_env()
         try:
-            mc = llm.model_config
-
-            def load_tokenizer() -> Any:
-                from transformers import AutoTokenizer
-
-                return AutoTokenizer.from_pretrained(mc.tokenizer, trust_remote_code=mc.trust_remote_code)
-
-            tok = await trio.to_thread.run_sync(load_tokenizer)
-            names = kwargs.get("served_model_name") or model
-            info = ModelInfo(
-                name=names if isinstance(names, str) else names[0],
-                root=model,
-                max_model_len=mc.max_model_len,
-                vocab_size=mc.get_vocab_size(),
-                max_logprobs=mc.max_logprobs,
-            )
-            tokenizer = HfTokenizer(tok, mc.get_vocab_size())
+            info, tokenizer = await make_info(llm.model_config)
             yield VllmEngine(bridge, llm, info, tokenizer, kind_cls, params_cls, fault_hooks)
         finally:
             # On the loop thread: shutdown() cancels vLLM's output handler task, which is only

@@ -1,0 +1,356 @@
+"""vLLM's engine core, driven from the Trio thread: no asyncio loop, no second Python thread.
+
+``AsyncLLM`` is three parts on one asyncio loop: the input processor (vLLM's own validation, and
+the ``EngineCoreRequest``), the output processor (detokenising, stop strings, logprobs, merging
+deltas for a reader that lags) and a ZMQ client of the engine-core process. braid keeps the first
+two as vLLM wrote them and replaces only the loop. The client's sockets are plain pyzmq sockets;
+Trio waits on the output socket's notification fd. So one engine step's outputs are decoded,
+detokenised and handed to the request tasks on the thread that serves HTTP, with no wake-up
+crossing between threads and no second thread competing for the GIL (what
+:mod:`.asyncio_bridge` costs at every token).
+
+Ownership and cancellation (:func:`open_core_engine`):
+
+* The engine-core process is started in a worker thread (vLLM's handshake blocks), and the
+  engine's nursery owns two tasks: the **output pump** and the **process watcher**. Leaving the
+  ``async with`` cancels both, then shuts the process down and closes the sockets.
+* If the engine dies (the process exits, or it reports itself dead), every open request fails
+  with :class:`~braid.errors.EngineUnavailable`, ``healthy`` turns false and new requests are
+  refused; the server itself keeps running, so it can say 503.
+* Leaving an :meth:`VllmCoreEngine.open_request` block before the last output aborts the
+  request then and there: vLLM's output processor drops it and the abort message is on the
+  socket before ``__aexit__`` returns (nothing is awaited, so nothing needs shielding).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from copy import copy
+from typing import Any
+
+import attrs
+import trio
+
+from braid.engine.base import EngineOutput, EngineRequest, ModelInfo
+from braid.engine.vllm import HfTokenizer, engine_outputs, fail_after, map_error, vllm_sampling_params
+from braid.errors import EngineUnavailable
+
+log = logging.getLogger("braid.engine")
+
+
+class OutputSlot:
+    """One request's hand-off from the output pump to its reader (vLLM's ``RequestOutputCollector``
+    for Trio; vLLM's output processor calls :meth:`put`, on the Trio thread).
+
+    While the reader lags, streamed deltas merge into one output (``RequestOutput.add``), so what
+    waits is at most one output per request however slow the reader is. An exception put here
+    (the engine died) is raised by the next :meth:`get`, after nothing else.
+    """
+
+    __slots__ = ("_aggregate", "_ended", "_output", "_wakeup")
+
+    def __init__(self, aggregate: bool) -> None:
+        self._aggregate = aggregate
+        self._output: Any = None
+        self._wakeup: trio.Event | None = None
+        self._ended = False
+
+    def put(self, output: Any) -> None:
+        held = self._output
+        if held is None or isinstance(output, BaseException):
+            self._output = output
+        elif not isinstance(held, BaseException):
+            held.add(output, aggregate=self._aggregate)
+        if self._wakeup is not None:
+            self._wakeup.set()
+            self._wakeup = None
+
+    async def get(self) -> list[Any]:
+        """The output that waits, as a one-item list (waits for one if there is none); after
+        the finished output, ``trio.EndOfChannel``.
+
+        A cancelled reader gets ``Cancelled`` even when an output is ready; the output stays.
+        """
+        if self._ended:
+            raise trio.EndOfChannel
+        while self._output is None:
+            self._wakeup = wakeup = trio.Event()
+            await wakeup.wait()
+        # A reader that is cancelled gets Cancelled, not what is ready: when a run fails, braid
+        # aborts the batch (vLLM then puts an "abort" output in every slot) and cancels the
+        # readers in the same step, and those are aborted requests, not finished ones.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        out, self._output = self._output, None
+        if isinstance(out, BaseException):
+            self._ended = True
+            raise map_error(out) from out
+        self._ended = out.finished
+        return [out]
+
+
+def _core_client_class() -> type:
+    """vLLM's ``MPClient`` in its synchronous form, minus its liveness thread.
+
+    The base class starts the engine-core process, binds the sockets and does the handshake; its
+    subclasses only add how outputs are read (a thread, or an asyncio task). braid reads them
+    from Trio, and watches the process from Trio too: vLLM's monitor thread would close the
+    sockets from under the pump when the engine dies.
+    """
+    from vllm.v1.engine.core_client import MPClient
+
+    class TrioCoreClient(MPClient):  # type: ignore[misc, valid-type]
+        def start_engine_core_monitor(self) -> None:
+            pass
+
+    return TrioCoreClient
+
+
+@attrs.define(eq=False)
+class VllmCoreEngine:
+    """braid's Engine over vLLM's input processor, output processor and engine-core process.
+
+    ``fault_hooks`` as for :class:`~braid.engine.vllm.VllmEngine`.
+    """
+
+    client: Any  # TrioCoreClient
+    input_processor: Any
+    output_processor: Any
+    supported_tasks: tuple[str, ...]
+    info: ModelInfo
+    tokenizer: HfTokenizer
+    _kind: Any  # vllm's RequestOutputKind
+    _params_cls: Any
+    _parent_cls: Any  # vllm's ParentRequest (n > 1)
+    _request_types: Any  # vllm's EngineCoreRequestType
+    fault_hooks: bool = False
+    _dead: BaseException | None = None
+    _utility: dict[int, tuple[trio.Event, list[Any]]] = attrs.field(factory=dict)
+
+    @property
+    def healthy(self) -> bool:
+        return self._dead is None
+
+    def unfinished_requests(self) -> int:
+        return int(self.output_processor.get_num_unfinished_requests())
+
+    # -- to the engine core ------------------------------------------------------------------
+
+    def _send(self, kind: Any, payload: Any) -> None:
+        client = self.client
+        # ZMQ queues the message (no high-water mark on these sockets), so this never blocks.
+        client.input_socket.send_multipart((client.core_engine, kind.value, *client.encoder.encode(payload)), copy=False)
+
+    def _abort_in_core(self, ids: Sequence[str]) -> None:
+        if ids and self._dead is None:
+            self._send(self._request_types.ABORT, list(ids))
+
+    def abort_requests(self, request_ids: Sequence[str]) -> None:
+        # External ids: vLLM maps each to its internal ids (all children of an n > 1 request).
+        if request_ids:
+            self._abort_in_core(self.output_processor.abort_requests(list(request_ids), internal=False))
+
+    async def call_utility(self, method: str, *args: Any) -> Any:
+        """Call an engine-core utility method (``get_supported_tasks``, ...) and wait for its result."""
+        if self._dead is not None:
+            raise map_error(self._dead)
+        call_id = uuid.uuid1().int >> 64
+        done, box = self._utility[call_id] = (trio.Event(), [])
+        self._send(self._request_types.UTILITY, (0, call_id, method, args))
+        try:
+            await done.wait()
+        finally:
+            self._utility.pop(call_id, None)
+        result = box[0]
+        if isinstance(result, BaseException):
+            raise map_error(result) from result
+        return result
+
+    # -- requests ------------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def open_request(self, request: EngineRequest) -> AsyncIterator[AsyncIterator[EngineOutput]]:
+        if self._dead is not None:
+            raise EngineUnavailable("The engine is not running.")
+        try:
+            params = vllm_sampling_params(self._params_cls, self._kind, request.params, final_only=request.final_only)
+            prompt: dict[str, Any] = {"prompt_token_ids": list(request.prompt_token_ids)}
+            if request.prompt_text is not None:
+                prompt["prompt"] = request.prompt_text
+            core_request = self.input_processor.process_inputs(
+                request.request_id, prompt, params, supported_tasks=self.supported_tasks, arrival_time=time.time()
+            )
+            self.input_processor.assign_request_id(core_request)
+        except Exception as exc:  # noqa: BLE001 - vLLM's validation: ValueError and its own types
+            raise map_error(exc) from exc
+        internal_id = core_request.request_id
+        slot = OutputSlot(aggregate=not request.final_only)
+        self._add(core_request, request.prompt_text, slot)
+        agen = engine_outputs(slot.get, fail_after(request, self.fault_hooks))
+        try:
+            yield agen
+        finally:
+            await agen.aclose()
+            # A finished request is gone from the output processor already; this finds nothing.
+            self._abort_in_core(self.output_processor.abort_requests([internal_id], internal=True))
+
+    def _add(self, core_request: Any, prompt_text: str | None, slot: OutputSlot) -> None:
+        op = self.output_processor
+        add = self._request_types.ADD
+        core_request.client_index = 0
+        n = core_request.params.n
+        if n == 1:
+            op.add_request(core_request, prompt_text, None, 0, slot)
+            self._send(add, core_request)
+            return
+        # n > 1: one engine request per choice, joined again by vLLM's ParentRequest, as AsyncLLM does.
+        parent = self._parent_cls(core_request)
+        children = []
+        for index in range(n):
+            child_id, child_params = parent.get_child_info(index)
+            child = core_request if index == n - 1 else copy(core_request)
+            child.request_id = child_id
+            child.sampling_params = child_params
+            children.append(child)
+            op.add_request(child, prompt_text, parent, index, slot)
+        for child in children:
+            self._send(add, child)
+
+    # -- from the engine core ------------------------------------------------------------------
+
+    async def pump_outputs(self) -> None:
+        """Read the engine core's outputs for as long as the engine lives (cancel to stop).
+
+        Everything that is ready is processed before the next wait, so the request tasks wake
+        once per burst, with the deltas of several engine steps merged if they came together.
+        """
+        import zmq
+
+        client = self.client
+        sock = client.resources.output_socket
+        fd = sock.getsockopt(zmq.FD)
+        decode = client.decoder.decode
+        validate_alive = client.resources.validate_alive
+        op = self.output_processor
+        try:
+            while True:
+                # The fd only says "look again": ZMQ_EVENTS is the truth, and reading it also
+                # re-arms the fd, so check it until it says no message waits, then sleep.
+                while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    frames = sock.recv_multipart(copy=False)
+                    validate_alive(frames)
+                    outputs = decode(frames)
+                    if outputs.utility_output is not None:
+                        self._utility_result(outputs.utility_output)
+                        continue
+                    if outputs.outputs:
+                        processed = op.process_outputs(outputs.outputs, outputs.timestamp, None)
+                        # Requests the output processor finished itself (stop strings).
+                        self._abort_in_core(processed.reqs_to_abort)
+                    op.update_scheduler_stats(outputs.scheduler_stats)
+                await trio.lowlevel.wait_readable(fd)
+        except Exception as exc:  # noqa: BLE001 - any failure here means the engine is gone for us
+            log.exception("the engine's output pump failed; the engine is now unavailable")
+            self.mark_dead(exc)
+
+    def _utility_result(self, output: Any) -> None:
+        waiter = self._utility.get(output.call_id)
+        if waiter is None:
+            return  # its caller was cancelled
+        done, box = waiter
+        if output.failure_message is not None:
+            box.append(RuntimeError(output.failure_message))
+        else:
+            box.append(output.result.result if output.result is not None else None)
+        done.set()
+
+    async def watch_processes(self) -> None:
+        """Wait for any engine-core process to exit; that is the engine dying (cancel to stop)."""
+        manager = self.client.resources.engine_manager
+        processes = list(getattr(manager, "processes", ()) or ())
+        if not processes:
+            await trio.sleep_forever()
+        async with trio.open_nursery() as nursery:
+            for proc in processes:
+                nursery.start_soon(self._wait_exit, proc, nursery.cancel_scope)
+
+    async def _wait_exit(self, proc: Any, scope: trio.CancelScope) -> None:
+        await trio.lowlevel.wait_readable(proc.sentinel)
+        log.error("the engine-core process %s exited (code %s); the engine is now unavailable", proc.name, proc.exitcode)
+        self.mark_dead(RuntimeError(f"engine-core process {proc.name} exited with code {proc.exitcode}"))
+        scope.cancel()
+
+    def mark_dead(self, cause: BaseException) -> None:
+        """The engine is gone: fail every open request and every utility call, refuse new ones."""
+        if self._dead is not None:
+            return
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        dead = EngineDeadError()
+        dead.__cause__ = cause
+        self._dead = dead
+        self.client.resources.engine_dead = True
+        for state in list(self.output_processor.request_states.values()):
+            if state.queue is not None:
+                state.queue.put(dead)
+        for done, box in self._utility.values():
+            box.append(dead)
+            done.set()
+
+
+@asynccontextmanager
+async def open_core_engine(
+    engine_args: dict[str, Any],
+    *,
+    make_info: Any,
+    fault_hooks: bool = False,
+) -> AsyncIterator[VllmCoreEngine]:
+    """Start vLLM's engine core for ``engine_args`` (``AsyncEngineArgs`` keywords) and drive it
+    from this Trio thread; stop it on exit. ``make_info(model_config)`` gives ModelInfo and the
+    tokenizer (awaitable)."""
+
+    def start() -> tuple[Any, ...]:
+        from vllm import AsyncEngineArgs, SamplingParams as VSamplingParams
+        from vllm.renderers import renderer_from_config
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.transformers_utils.config import maybe_register_config_serialize_by_value
+        from vllm.v1.engine import EngineCoreRequestType
+        from vllm.v1.engine.input_processor import InputProcessor
+        from vllm.v1.engine.output_processor import OutputProcessor
+        from vllm.v1.engine.parallel_sampling import ParentRequest
+        from vllm.v1.executor import Executor
+
+        maybe_register_config_serialize_by_value()
+        config = AsyncEngineArgs(**engine_args).create_engine_config()
+        renderer = renderer_from_config(config)
+        inputs = InputProcessor(config, renderer)
+        # No stat loggers: braid's /metrics does not show vLLM's engine statistics, and without
+        # log_stats the engine core does not compute them either.
+        outputs = OutputProcessor(
+            renderer.tokenizer, log_stats=False, stream_interval=config.scheduler_config.stream_interval
+        )
+        client = _core_client_class()(
+            asyncio_mode=False, vllm_config=config, executor_class=Executor.get_class(config), log_stats=False,
+            renderer=renderer,
+        )
+        return config, renderer, inputs, outputs, client, VSamplingParams, RequestOutputKind, ParentRequest, EngineCoreRequestType
+
+    (config, renderer, inputs, outputs, client, params_cls, kind, parent_cls, request_types) = await trio.to_thread.run_sync(start)
+    try:
+        info, tokenizer = await make_info(config.model_config)
+        engine = VllmCoreEngine(
+            client, inputs, outputs, (), info, tokenizer, kind, params_cls, parent_cls, request_types, fault_hooks
+        )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(engine.pump_outputs)
+            nursery.start_soon(engine.watch_processes)
+            engine.supported_tasks = tuple(await engine.call_utility("get_supported_tasks"))
+            yield engine
+            nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(client.shutdown)
+            await trio.to_thread.run_sync(renderer.shutdown)
