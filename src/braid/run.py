@@ -19,6 +19,12 @@
   batch of 64 that is one abort message to vLLM's engine core, not 64 trickling in while the
   drivers unwind one by one.
 
+* With a ``heartbeat`` period (streams), a clock task in the outer nursery ends a consumer's wait
+  once it has lasted that long: it puts :data:`TICK` into the channel, which the consumer reads
+  as "idle for a period" (an SSE comment). A timeout per wait would cost a cancel scope and a
+  deadline for every chunk of every stream; the clock sleeps a whole period at a time and wakes
+  only for a consumer that is really idle. It stops when the drivers are done.
+
 The two nurseries are needed because cancelling a nursery's scope also cancels the body of its
 ``async with``, which here is the consumer still writing the response.
 """
@@ -26,6 +32,7 @@ The two nurseries are needed because cancelling a nursery's scope also cancels t
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 import attrs
 import trio
@@ -37,6 +44,10 @@ from braid.metrics import Metrics
 from braid.plan import Plan, PlanItem
 
 
+TICK: Any = ("heartbeat tick",)
+"""What the heartbeat clock puts among the arrivals (see :meth:`CompletionRun.receive_ready`)."""
+
+
 @attrs.define(eq=False)
 class CompletionRun:
     engine: Engine
@@ -45,19 +56,27 @@ class CompletionRun:
     buffer: int = 64
     stall_timeout: float = 30.0
     max_batch: int = 1024
+    heartbeat: float | None = None  # the clock's period; None: no clock (non-streaming responses)
     error: BraidError | None = None
+    waiting_since: float | None = None  # set by the consumer for as long as it waits for arrivals
     _outer_cm: AbstractAsyncContextManager[trio.Nursery] | None = None
     _outer: trio.Nursery | None = None
     _inner: trio.Nursery | None = None
     _recv: trio.MemoryReceiveChannel[Arrival] | None = None
     _open_ids: set[str] = attrs.Factory(set)  # engine requests opened and not yet finished
     _cancelled: bool = False
+    _clock: trio.CancelScope | None = None
+    _tick_send: trio.MemorySendChannel[Arrival] | None = None
 
     async def __aenter__(self) -> CompletionRun:
         send, self._recv = trio.open_memory_channel[Arrival](self.buffer)
         self._outer_cm = trio.open_nursery()
         self._outer = await self._outer_cm.__aenter__()
         try:
+            if self.heartbeat is not None:
+                self._tick_send = send.clone()
+                self._clock = trio.CancelScope()
+                self._outer.start_soon(self._heartbeat_clock, self.heartbeat, self._clock, self._tick_send)
             self._inner = await self._outer.start(self._supervise, send)
         except BaseException as exc:
             await self._outer_cm.__aexit__(type(exc), exc, exc.__traceback__)
@@ -94,11 +113,43 @@ class CompletionRun:
             self.engine.abort_requests(sorted(self._open_ids))
 
     async def _supervise(self, send: trio.MemorySendChannel[Arrival], task_status=trio.TASK_STATUS_IGNORED) -> None:  # type: ignore[no-untyped-def]
-        with send:
-            async with trio.open_nursery() as inner:
-                for item in self.plan.items:
-                    inner.start_soon(self._drive, item, send.clone())
-                task_status.started(inner)
+        try:
+            with send:
+                async with trio.open_nursery() as inner:
+                    for item in self.plan.items:
+                        inner.start_soon(self._drive, item, send.clone())
+                    task_status.started(inner)
+        finally:
+            # The drivers are done: the clock's clone must close too, or the channel never ends.
+            if self._clock is not None:
+                self._clock.cancel()
+            if self._tick_send is not None:
+                self._tick_send.close()
+
+    async def _heartbeat_clock(
+        self, period: float, scope: trio.CancelScope, ticks: trio.MemorySendChannel[Arrival]
+    ) -> None:
+        """Put TICK into the channel each time the consumer has waited ``period`` seconds.
+
+        Asleep for at least ``period`` at a time: a consumer that starts waiting while the clock
+        sleeps has its deadline (its ``waiting_since`` + ``period``) after the clock wakes, and
+        the clock then sleeps exactly until it.
+        """
+        ticked_for: float | None = None
+        with scope:
+            while True:
+                since = self.waiting_since
+                if since is None or since == ticked_for:
+                    await trio.sleep(period)
+                    continue
+                if trio.current_time() < since + period:
+                    await trio.sleep_until(since + period)
+                    continue
+                ticked_for = since
+                try:
+                    ticks.send_nowait(TICK)
+                except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass  # a full channel has something for the consumer already
 
     async def _drive(self, item: PlanItem, send: trio.MemorySendChannel[Arrival]) -> None:
         m = self.metrics
@@ -141,6 +192,10 @@ class CompletionRun:
 
     async def receive_ready(self) -> list[Arrival]:
         """Wait for at least one output, then take every output that is ready (up to ``max_batch``).
+
+        With a heartbeat clock, the batch may hold :data:`TICK` (from :meth:`take_ready` too):
+        the consumer drops it, and if nothing else came and it has waited a whole period, says
+        so to its client. A tick may be stale (the wait it was for has ended): check the time.
 
         Raises :class:`trio.EndOfChannel` when every driver is done, and the run's error, if it has
         one, as soon as the consumer next asks: outputs still buffered then are dropped, as vLLM

@@ -8,7 +8,8 @@ from braid.engine.scripted import ScriptedEngine
 from braid.http.body import CompletionStream
 from braid.merge import StreamMerger
 from braid.metrics import Metrics
-from braid.run import CompletionRun
+from braid.encode import HEARTBEAT
+from braid.run import TICK, CompletionRun
 from tests.conftest import parse_sse
 from tests.test_run import plan_for
 
@@ -51,3 +52,30 @@ async def test_cancelled_body_aborts_and_writes_nothing_more(autojump_clock: tri
                 sends.append(data)
     assert engine.in_flight == 0 and engine.aborted_total == 3
     assert b"[DONE]" not in b"".join(sends)
+
+
+async def test_an_idle_stream_pings_once_per_heartbeat_and_a_stale_tick_is_ignored(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    engine = ScriptedEngine(token_delay=10.0)
+    plan = plan_for(engine, b'{"prompt": "x", "max_tokens": 2, "ignore_eos": true, "stream": true}')
+    run = CompletionRun(engine, plan, Metrics())
+    body = CompletionStream(run, StreamMerger(plan, engine.tokenizer), heartbeat=4)
+    sends: list[tuple[float, bytes]] = []
+    async with body as b:
+        assert run._tick_send is not None
+        run._tick_send.send_nowait(TICK)  # a tick no wait asked for: no ping
+        async for data in b:
+            sends.append((trio.current_time(), data))
+    pings = [t for t, data in sends if data == HEARTBEAT]
+    # tokens at 10 and 20 s; pings 4 s into each idle wait: 4, 8, then 14, 18 (the wait restarts at 10)
+    assert pings == [4, 8, 14, 18]
+    assert [t for t, data in sends if data != HEARTBEAT] == [10, 20, 20]
+
+
+async def test_a_finished_run_stops_its_heartbeat_clock(autojump_clock: trio.testing.MockClock) -> None:
+    engine = ScriptedEngine(token_delay=0.0)
+    plan = plan_for(engine, b'{"prompt": "x", "max_tokens": 3, "stream": true}')
+    body = CompletionStream(CompletionRun(engine, plan, Metrics()), StreamMerger(plan, engine.tokenizer), heartbeat=1000)
+    with trio.fail_after(100):  # a clock that outlived the drivers would keep the run open
+        await _drain(body)

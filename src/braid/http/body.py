@@ -21,11 +21,12 @@ from quart.wrappers.response import ResponseBody
 from braid.encode import HEARTBEAT
 from braid.errors import BraidError
 from braid.merge import Phase, StreamMerger
-from braid.run import CompletionRun
+from braid.run import TICK, CompletionRun
 
 
 class CompletionStream(ResponseBody):
     def __init__(self, run: CompletionRun, merger: StreamMerger, *, heartbeat: float) -> None:
+        run.heartbeat = heartbeat  # the run's clock (started by its __aenter__) ends idle waits
         self._run = run
         self._merger = merger
         self._heartbeat = heartbeat
@@ -47,16 +48,27 @@ class CompletionStream(ResponseBody):
         run = self._run
         while merger.phase is Phase.STREAMING:
             # The checkpoint lets producers add what they have; outputs already waiting are
-            # then taken without arming the heartbeat timer (a cancel scope per chunk costs
-            # more than the rest of the chunk's own work).
+            # then taken without waiting at all.
             await trio.lowlevel.checkpoint()
             try:
                 arrivals = run.take_ready()
                 if not arrivals:
-                    with trio.move_on_after(self._heartbeat):
+                    # No timeout here: the run's heartbeat clock ends this wait with a TICK once
+                    # it has lasted a period (a cancel scope per chunk cost ~9 % of the thread).
+                    run.waiting_since = since = trio.current_time()
+                    try:
                         arrivals = await run.receive_ready()
+                    finally:
+                        run.waiting_since = None
+                else:
+                    since = None
+                if TICK in arrivals:
+                    arrivals = [a for a in arrivals if a is not TICK]
                     if not arrivals:
-                        return HEARTBEAT
+                        # the clock's own arithmetic: now - since could round below the period
+                        if since is not None and trio.current_time() >= since + self._heartbeat:
+                            return HEARTBEAT
+                        continue  # a tick for a wait that had already ended
             except trio.EndOfChannel:
                 return merger.finish()
             except BraidError as err:
