@@ -25,7 +25,7 @@ def asyncio_server(vllm_server: VllmServer) -> Iterator[VllmServer]:
         assert server.proc.wait(60) == 0
 
 
-BATCH = {"prompt": ["def main(", "import os\n", [100, 200, 300]], "max_tokens": 10, "temperature": 0, "n": 2,
+BATCH = {"prompt": ["def main(", "import os\n", "class Foo"], "max_tokens": 10, "temperature": 1.0, "seed": 7, "n": 2,
          "logprobs": 2, "echo": True, "stop": ["\n\n"]}
 
 
