@@ -1,15 +1,23 @@
-"""The Trio side of the engine-core client that needs no vLLM: the per-request output slot.
-
-The client itself (pump, aborts, a dead engine) runs against the real engine in tests/vllm.
-"""
+"""The Trio side of the engine-core client, without an engine: the per-request output slot, and
+the output pump over a fake socket and output processor. The whole client runs against the real
+engine in tests/vllm."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import enum
+import socket
+import types
+
+import attrs
 import pytest
 import trio
 import trio.testing
+import zmq
 
-from braid.engine.vllm_core import OutputSlot
+from braid.engine.base import ModelInfo
+from braid.engine.vllm_core import MAX_BURST, OutputSlot, VllmCoreEngine
 from braid.errors import EngineError, EngineUnavailable
 
 
@@ -147,3 +155,208 @@ async def test_an_unknown_failure_is_an_engine_error() -> None:
     slot.put(RuntimeError("boom"))
     with pytest.raises(EngineError, match="boom"):
         await slot.get()
+
+
+# -- the output pump, over a fake ZMQ socket and a fake output processor ----------------------
+
+
+class FakeSocket:
+    """A PULL socket as the pump sees it: a notification fd, ZMQ_EVENTS, non-blocking reads.
+
+    As in ZMQ, reading ZMQ_EVENTS consumes the fd's signal; the fd signals again on a new message.
+    """
+
+    def __init__(self) -> None:
+        self._signal_r, self._signal_w = socket.socketpair()
+        self._signal_r.setblocking(False)
+        self.messages: collections.deque[object] = collections.deque()
+
+    def push(self, message: object) -> None:
+        self.messages.append(message)
+        self._signal_w.send(b"x")
+
+    def getsockopt(self, option: int) -> int:
+        if option == zmq.FD:
+            return self._signal_r.fileno()
+        assert option == zmq.EVENTS
+        with contextlib.suppress(BlockingIOError):
+            while self._signal_r.recv(4096):
+                pass
+        return zmq.POLLIN if self.messages else 0
+
+    def recv_multipart(self, copy: bool = True) -> object:
+        return self.messages.popleft()
+
+
+class FakeInputSocket:
+    def __init__(self) -> None:
+        self.sent: list[tuple[object, ...]] = []
+
+    def send_multipart(self, message: tuple[object, ...], copy: bool = True) -> None:
+        self.sent.append(message)
+
+
+DEAD = object()
+
+
+@attrs.define
+class FakeResources:
+    output_socket: FakeSocket
+    engine_manager: object = None
+    engine_dead: bool = False
+
+    def validate_alive(self, frames: object) -> None:
+        if frames is DEAD:
+            raise RuntimeError("engine core reported itself dead")
+
+
+class FakeEncoder:
+    def encode(self, payload: object) -> list[object]:
+        return [payload]
+
+
+class FakeDecoder:
+    def decode(self, frames: object) -> object:
+        return frames
+
+
+@attrs.define
+class FakeClient:
+    resources: FakeResources
+    input_socket: FakeInputSocket = attrs.Factory(FakeInputSocket)
+    core_engine: bytes = b"\x00\x00"
+    encoder: FakeEncoder = attrs.Factory(FakeEncoder)
+    decoder: FakeDecoder = attrs.Factory(FakeDecoder)
+
+
+@attrs.define
+class Step:
+    """One engine step's message (vLLM's EngineCoreOutputs, as far as the pump reads it)."""
+
+    outputs: list[str]
+    utility_output: object = None
+    timestamp: float = 0.0
+    scheduler_stats: object = None
+
+
+@attrs.define
+class UtilityReply:
+    call_id: int
+    result: object
+    failure_message: str | None = None
+
+
+@attrs.define
+class Processed:
+    reqs_to_abort: list[str]
+
+
+@attrs.define
+class FakeOutputProcessor:
+    """Records the steps it processes; a step output named ``stop:X`` is finished by a stop
+    string here, so the engine core must be told to abort ``X``."""
+
+    steps: list[list[str]] = attrs.Factory(list)
+    request_states: dict[str, object] = attrs.Factory(dict)
+
+    def process_outputs(self, outputs: list[str], timestamp: float, stats: object) -> Processed:
+        self.steps.append(outputs)
+        return Processed([o.removeprefix("stop:") for o in outputs if o.startswith("stop:")])
+
+    def update_scheduler_stats(self, stats: object) -> None:
+        pass
+
+
+class RequestTypes(enum.Enum):
+    ADD = b"\x00"
+    ABORT = b"\x01"
+    UTILITY = b"\x03"
+
+
+def make_engine() -> tuple[VllmCoreEngine, FakeSocket, FakeClient, FakeOutputProcessor]:
+    sock = FakeSocket()
+    client = FakeClient(FakeResources(sock))
+    op = FakeOutputProcessor()
+    info = ModelInfo(name="m", root="m", max_model_len=16, vocab_size=8)
+    engine = VllmCoreEngine(client, None, op, (), info, None, None, None, None, RequestTypes)  # type: ignore[arg-type]
+    return engine, sock, client, op
+
+
+async def test_the_pump_processes_steps_and_aborts_what_stop_strings_finished() -> None:
+    engine, sock, client, op = make_engine()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(engine.pump_outputs)
+        await trio.testing.wait_all_tasks_blocked()
+        sock.push(Step(["a", "b"]))
+        sock.push(Step(["stop:b"]))
+        await trio.testing.wait_all_tasks_blocked()
+        assert op.steps == [["a", "b"], ["stop:b"]]
+        assert client.input_socket.sent == [(b"\x00\x00", RequestTypes.ABORT.value, ["b"])]
+        sock.push(Step(["c"]))  # woken again by the fd after having slept
+        await trio.testing.wait_all_tasks_blocked()
+        assert op.steps[-1] == ["c"]
+        nursery.cancel_scope.cancel()
+    assert engine.healthy
+
+
+async def test_a_utility_call_is_answered_through_the_pump() -> None:
+    engine, sock, client, _ = make_engine()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(engine.pump_outputs)
+
+        async def reply() -> None:
+            await trio.testing.wait_all_tasks_blocked()
+            (_, kind, (client_index, call_id, method, args)) = client.input_socket.sent[-1]
+            assert (kind, client_index, method, args) == (RequestTypes.UTILITY.value, 0, "get_supported_tasks", ())
+            sock.push(Step([], utility_output=UtilityReply(call_id + 1, types.SimpleNamespace(result="not ours"))))
+            sock.push(Step([], utility_output=UtilityReply(call_id, types.SimpleNamespace(result=("generate",)))))
+
+        nursery.start_soon(reply)
+        assert await engine.call_utility("get_supported_tasks") == ("generate",)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_burst_of_steps_lets_other_tasks_run_every_max_burst_steps() -> None:
+    engine, sock, _, op = make_engine()
+    seen_by_other: list[int] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(engine.pump_outputs)
+        await trio.testing.wait_all_tasks_blocked()
+        for i in range(3 * MAX_BURST + 1):
+            sock.push(Step([f"r{i}"]))
+
+        async def other() -> None:
+            while len(op.steps) < 3 * MAX_BURST + 1:
+                seen_by_other.append(len(op.steps))
+                await trio.lowlevel.checkpoint()
+
+        nursery.start_soon(other)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert len(op.steps) == 3 * MAX_BURST + 1
+    # The other task ran between bursts. Between two of its turns the pump may run twice (at the
+    # end of one scheduler batch and the start of the next), never more.
+    assert seen_by_other and max(b - a for a, b in zip([0, *seen_by_other], seen_by_other)) <= 2 * MAX_BURST
+
+
+async def test_an_engine_that_reports_itself_dead_fails_open_requests_and_calls() -> None:
+    pytest.importorskip("vllm")
+    engine, sock, _, op = make_engine()
+    slot = OutputSlot(aggregate=True)
+    op.request_states["r-1"] = types.SimpleNamespace(queue=slot)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(engine.pump_outputs)
+
+        async def call() -> None:
+            with pytest.raises(EngineUnavailable):
+                await engine.call_utility("get_supported_tasks")
+
+        nursery.start_soon(call)
+        await trio.testing.wait_all_tasks_blocked()
+        sock.push(DEAD)
+    assert not engine.healthy and engine.client.resources.engine_dead
+    with pytest.raises(EngineUnavailable):
+        await slot.get()
+    with pytest.raises(EngineUnavailable):
+        async with engine.open_request(None):  # type: ignore[arg-type]
+            pass

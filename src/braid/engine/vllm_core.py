@@ -41,6 +41,8 @@ from braid.errors import EngineUnavailable
 
 log = logging.getLogger("braid.engine")
 
+MAX_BURST = 8  # engine steps the output pump processes before it lets other tasks run
+
 
 class OutputSlot:
     """One request's hand-off from the output pump to its reader (vLLM's ``RequestOutputCollector``
@@ -224,8 +226,9 @@ class VllmCoreEngine:
     async def pump_outputs(self) -> None:
         """Read the engine core's outputs for as long as the engine lives (cancel to stop).
 
-        Everything that is ready is processed before the next wait, so the request tasks wake
-        once per burst, with the deltas of several engine steps merged if they came together.
+        Everything that is ready is processed before the next wait (up to ``MAX_BURST`` steps
+        between checkpoints), so the request tasks wake once per burst, with the deltas of
+        several engine steps merged if they came together.
         """
         import zmq
 
@@ -239,7 +242,15 @@ class VllmCoreEngine:
             while True:
                 # The fd only says "look again": ZMQ_EVENTS is the truth, and reading it also
                 # re-arms the fd, so check it until it says no message waits, then sleep.
+                burst = 0
                 while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    if burst == MAX_BURST:
+                        # An engine that produces faster than this thread processes must not
+                        # starve the readers and the HTTP side: let them run, then go on.
+                        burst = 0
+                        await trio.lowlevel.checkpoint()
+                        continue
+                    burst += 1
                     frames = sock.recv_multipart(copy=False)
                     validate_alive(frames)
                     outputs = decode(frames)
