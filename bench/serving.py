@@ -51,7 +51,9 @@ def _config(quick: bool) -> tuple[int, dict[int, int]]:
     """(rounds, prompts per concurrency)."""
     if quick:
         return 1, {1: 4, 16: 32, 64: 128}
-    return 3, {1: 8, 16: 64, 64: 256}
+    # Concurrency 1 and 16 had runs of ~2 s (8 and 64 prompts), whose round-to-round spread
+    # (±25 % at 1) was wider than the 5 % tolerance of the concurrency-1 targets.
+    return 3, {1: 24, 16: 128, 64: 256}
 
 
 def _spread(values: list[float]) -> str:
