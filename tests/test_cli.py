@@ -119,3 +119,20 @@ def test_switch_interval_is_shortened_only_for_two_busy_threads() -> None:
         assert sys.getswitchinterval() == pytest.approx(0.003)
     finally:
         sys.setswitchinterval(saved)
+
+
+@pytest.mark.parametrize("flag", ["--heartbeat", "--stall-timeout"])
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_periods_must_be_positive(flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from braid.cli import _parser
+
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["serve", flag, value])
+    assert "must be > 0" in capsys.readouterr().err
+
+
+def test_settings_refuse_a_zero_heartbeat() -> None:
+    from braid.http.app import Settings
+
+    with pytest.raises(ValueError):
+        Settings(heartbeat=0)

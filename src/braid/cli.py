@@ -40,6 +40,13 @@ def _engine_arg(text: str) -> tuple[str, Any]:
         return key.replace("-", "_"), value
 
 
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, not {text}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="braid", description="Batched OpenAI-compatible completions on Trio.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -68,11 +75,11 @@ def _parser() -> argparse.ArgumentParser:
     h = s.add_argument_group("front end")
     h.add_argument("--max-prompts", type=int, default=1024, help="prompts per request")
     h.add_argument("--max-choices", type=int, default=4096, help="prompts x n per request")
-    h.add_argument("--stall-timeout", type=float, default=30.0,
+    h.add_argument("--stall-timeout", type=_positive, default=30.0,
                    help="abort a stream when its client has taken none of braid's output for this long "
                    "(seconds): the engine's buffer for the stream stayed full, so a reader too slow to take "
                    "one chunk (up to 64 events) in this time is cut")
-    h.add_argument("--heartbeat", type=float, default=15.0, help="SSE comment after this many idle seconds")
+    h.add_argument("--heartbeat", type=_positive, default=15.0, help="SSE comment after this many idle seconds")
     h.add_argument("--graceful-timeout", type=float, default=10.0, help="drain time after SIGTERM (seconds)")
     h.add_argument("--keep-alive", type=float, default=75.0, help="idle keep-alive timeout (seconds)")
     h.add_argument("--access-log", action="store_true")

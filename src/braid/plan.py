@@ -114,9 +114,21 @@ def _fit(params: SamplingParams, prompt_len: int, limit: int, i: int, req: Compl
 
 
 def make_plan(
-    req: CompletionRequest, info: ModelInfo, tokenizer: Tokenizer, *, request_id: str, created: int
+    req: CompletionRequest,
+    info: ModelInfo,
+    tokenizer: Tokenizer,
+    *,
+    request_id: str,
+    created: int,
+    engine_request_id: str | None = None,
 ) -> Plan:
-    """Tokenize every prompt and check it fits the context, or raise :class:`InvalidRequest`."""
+    """Tokenize every prompt and check it fits the context, or raise :class:`InvalidRequest`.
+
+    ``request_id`` is the response's ``id``; engine requests are ``{engine_request_id}-{i}``
+    (default: the same prefix). It must be unique among running requests: a batch abort names
+    engine requests by these ids, and ``request_id`` may be the client's own.
+    """
+    engine_prefix = engine_request_id or request_id
     limit = info.max_model_len
     if req.max_tokens > limit:
         raise InvalidRequest(
@@ -151,7 +163,7 @@ def make_plan(
         else:
             echo_text = tokenizer.decode(ids, skip_special_tokens=req.skip_special_tokens)
         text = prompt.text if isinstance(prompt, TextPrompt) else None
-        request = EngineRequest(f"{request_id}-{i}", ids, item_params, text, final_only=not req.stream)
+        request = EngineRequest(f"{engine_prefix}-{i}", ids, item_params, text, final_only=not req.stream)
         items.append(PlanItem(i, request, echo_text))
     return Plan(
         meta=ResponseMeta(request_id, created, info.name),

@@ -49,6 +49,13 @@ def test_one_engine_request_per_prompt_with_suffixed_ids() -> None:
     assert all(it.request.params.n == 2 for it in p.items)
 
 
+def test_engine_ids_can_have_their_own_prefix() -> None:
+    req = parse_request(json.dumps({"prompt": ["a", "b"], "max_tokens": 4}).encode(), Limits(vocab_size=INFO.vocab_size))
+    p = make_plan(req, INFO, TOK, request_id="cmpl-client", created=1, engine_request_id="cmpl-client-1a2b")
+    assert p.meta.id == "cmpl-client"
+    assert [it.request.request_id for it in p.items] == ["cmpl-client-1a2b-0", "cmpl-client-1a2b-1"]
+
+
 def test_text_prompts_get_bos_and_keep_their_text() -> None:
     p = plan(prompt=["hi", "abc"])
     assert [it.request.prompt_token_ids for it in p.items] == [(BOS, *ids_of("hi")), (BOS, *ids_of("abc"))]

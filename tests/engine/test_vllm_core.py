@@ -16,7 +16,7 @@ import trio
 import trio.testing
 import zmq
 
-from braid.engine.base import ModelInfo
+from braid.engine.base import EngineRequest, ModelInfo, SamplingParams
 from braid.engine.vllm_core import MAX_BURST, OutputSlot, VllmCoreEngine
 from braid.errors import EngineError, EngineUnavailable
 
@@ -191,8 +191,12 @@ class FakeSocket:
 class FakeInputSocket:
     def __init__(self) -> None:
         self.sent: list[tuple[object, ...]] = []
+        self.fail_on: int | None = None  # the index of the send that fails
 
     def send_multipart(self, message: tuple[object, ...], copy: bool = True) -> None:
+        if self.fail_on is not None and len(self.sent) == self.fail_on:
+            self.fail_on = None
+            raise zmq.ZMQError(zmq.EHOSTUNREACH)
         self.sent.append(message)
 
 
@@ -254,10 +258,26 @@ class Processed:
 @attrs.define
 class FakeOutputProcessor:
     """Records the steps it processes; a step output named ``stop:X`` is finished by a stop
-    string here, so the engine core must be told to abort ``X``."""
+    string here, so the engine core must be told to abort ``X``. Requests are added and aborted
+    as vLLM's are: by internal id, a parent's id standing for all its children."""
 
     steps: list[list[str]] = attrs.Factory(list)
-    request_states: dict[str, object] = attrs.Factory(dict)
+    request_states: dict[str, types.SimpleNamespace] = attrs.Factory(dict)
+
+    def add_request(self, request: object, prompt: object, parent: object, index: int, queue: object) -> None:
+        self.request_states[request.request_id] = types.SimpleNamespace(queue=queue, parent=parent)  # type: ignore[attr-defined]
+
+    def abort_requests(self, ids: list[str], internal: bool) -> list[str]:
+        assert internal
+        gone = []
+        for rid in ids:
+            if self.request_states.pop(rid, None) is not None:
+                gone.append(rid)
+            for child, state in list(self.request_states.items()):
+                if state.parent is not None and state.parent.request_id == rid:
+                    del self.request_states[child]
+                    gone.append(child)
+        return gone
 
     def process_outputs(self, outputs: list[str], timestamp: float, stats: object) -> Processed:
         self.steps.append(outputs)
@@ -273,13 +293,64 @@ class RequestTypes(enum.Enum):
     UTILITY = b"\x03"
 
 
+class FakeInputProcessor:
+    """vLLM's InputProcessor as the engine uses it: a core request, then an internal id."""
+
+    def process_inputs(self, request_id: str, prompt: object, params: object, **_: object) -> types.SimpleNamespace:
+        return types.SimpleNamespace(request_id=request_id, params=params, sampling_params=params)
+
+    def assign_request_id(self, request: types.SimpleNamespace) -> None:
+        request.request_id += "-int"
+
+
+class FakeParent:
+    def __init__(self, request: types.SimpleNamespace) -> None:
+        self.request_id = request.request_id
+        self.params = request.params
+
+    def get_child_info(self, index: int) -> tuple[str, object]:
+        return f"{index}_{self.request_id}", self.params
+
+
 def make_engine() -> tuple[VllmCoreEngine, FakeSocket, FakeClient, FakeOutputProcessor]:
     sock = FakeSocket()
     client = FakeClient(FakeResources(sock))
     op = FakeOutputProcessor()
     info = ModelInfo(name="m", root="m", max_model_len=16, vocab_size=8)
-    engine = VllmCoreEngine(client, None, op, (), info, None, None, None, None, RequestTypes)  # type: ignore[arg-type]
+    kind = types.SimpleNamespace(DELTA="delta", FINAL_ONLY="final")
+    engine = VllmCoreEngine(
+        client, FakeInputProcessor(), op, (), info, None, kind, types.SimpleNamespace, FakeParent, RequestTypes  # type: ignore[arg-type]
+    )
     return engine, sock, client, op
+
+
+def sent_kinds(client: FakeClient) -> list[tuple[bytes, object]]:
+    return [(kind, payload.request_id if kind == RequestTypes.ADD.value else payload) for _, kind, payload in client.input_socket.sent]  # type: ignore[attr-defined]
+
+
+N2 = EngineRequest("r", (1, 2), SamplingParams(max_tokens=4, n=2), "ab")
+
+
+async def test_n2_fans_out_and_leaving_early_aborts_every_child() -> None:
+    engine, _, client, op = make_engine()
+    async with engine.open_request(N2):
+        assert set(op.request_states) == {"0_r-int", "1_r-int"}
+    assert op.request_states == {}
+    assert sent_kinds(client) == [
+        (RequestTypes.ADD.value, "0_r-int"), (RequestTypes.ADD.value, "1_r-int"),
+        (RequestTypes.ABORT.value, ["0_r-int", "1_r-int"]),
+    ]
+
+
+async def test_a_failed_add_leaves_nothing_behind() -> None:
+    pytest.importorskip("vllm")  # map_error
+    engine, _, client, op = make_engine()
+    client.input_socket.fail_on = 1  # the second child's ADD
+    with pytest.raises(EngineError):
+        async with engine.open_request(N2):
+            pytest.fail("the block must not run")
+    assert op.request_states == {}
+    assert sent_kinds(client) == [(RequestTypes.ADD.value, "0_r-int"), (RequestTypes.ABORT.value, ["0_r-int", "1_r-int"])]
 
 
 async def test_the_pump_processes_steps_and_aborts_what_stop_strings_finished() -> None:

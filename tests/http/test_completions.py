@@ -249,3 +249,20 @@ async def test_models_health_version_metrics(client: httpx.AsyncClient) -> None:
     assert "braid_engine_requests_in_flight 0.0" in text
     assert "braid_engine_aborts_total 0.0" in text
     assert "braid_engine_requests_total 3.0" in text
+
+
+async def test_requests_sharing_a_client_id_get_distinct_engine_ids(client: httpx.AsyncClient, server: LiveServer) -> None:
+    """The response id may be the client's own; the ids a batch abort names must not be shared."""
+    body = {"prompt": ["a", "b"], "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    headers = {"X-Request-Id": "same"}
+    for _ in range(2):
+        async with client.stream("POST", "/v1/completions", json=body, headers=headers) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    assert '"id":"cmpl-same"' in line.replace(" ", "")
+                    break
+        await server.wait_idle(within=5)  # the disconnect aborted this stream's batch
+    first, second = server.engine.batch_aborts[-2:]
+    assert len(first) == len(second) == 2
+    assert all(i.startswith("cmpl-same-") for i in first + second)
+    assert not set(first) & set(second)

@@ -24,6 +24,7 @@ Ownership and cancellation (:func:`open_core_engine`):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -190,14 +191,24 @@ class VllmCoreEngine:
             raise map_error(exc) from exc
         internal_id = core_request.request_id
         slot = OutputSlot(aggregate=not request.final_only)
-        self._add(core_request, request.prompt_text, slot)
+        try:
+            self._add(core_request, request.prompt_text, slot)
+        except Exception as exc:
+            # Whatever part of it got in (n > 1: some children) must not stay behind.
+            with contextlib.suppress(Exception):
+                self._forget(internal_id)
+            raise map_error(exc) from exc
         agen = engine_outputs(slot.get, fail_after(request, self.fault_hooks))
         try:
             yield agen
         finally:
             await agen.aclose()
             # A finished request is gone from the output processor already; this finds nothing.
-            self._abort_in_core(self.output_processor.abort_requests([internal_id], internal=True))
+            self._forget(internal_id)
+
+    def _forget(self, internal_id: str) -> None:
+        """Drop a request (all its children) from the output processor and the engine core."""
+        self._abort_in_core(self.output_processor.abort_requests([internal_id], internal=True))
 
     def _add(self, core_request: Any, prompt_text: str | None, slot: OutputSlot) -> None:
         op = self.output_processor
@@ -265,6 +276,10 @@ class VllmCoreEngine:
                 await trio.lowlevel.wait_readable(fd)
         except Exception as exc:  # noqa: BLE001 - any failure here means the engine is gone for us
             log.exception("the engine's output pump failed; the engine is now unavailable")
+            # The engine core may still be alive (a decoding or processing error): without its
+            # reader, it must not go on generating every open request to the end.
+            with contextlib.suppress(Exception):
+                self._abort_in_core(list(op.request_states))
             self.mark_dead(exc)
 
     def _utility_result(self, output: Any) -> None:
@@ -359,9 +374,16 @@ async def open_core_engine(
             nursery.start_soon(engine.pump_outputs)
             nursery.start_soon(engine.watch_processes)
             engine.supported_tasks = tuple(await engine.call_utility("get_supported_tasks"))
-            yield engine
-            nursery.cancel_scope.cancel()
+            try:
+                yield engine
+            finally:
+                nursery.cancel_scope.cancel()
+                # Closed from here on: no new requests, no sends on sockets about to be closed,
+                # and a reader still waiting gets an error instead of waiting for ever.
+                engine.mark_dead(RuntimeError("the engine was shut down"))
     finally:
         with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(client.shutdown)
-            await trio.to_thread.run_sync(renderer.shutdown)
+            try:
+                await trio.to_thread.run_sync(client.shutdown)
+            finally:
+                await trio.to_thread.run_sync(renderer.shutdown)

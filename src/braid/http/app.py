@@ -40,8 +40,9 @@ class Settings:
     max_prompts: int = 1024
     max_choices: int = 4096
     buffer: int = 64
-    stall_timeout: float = 30.0
-    heartbeat: float = 15.0
+    # Both > 0: a heartbeat of 0 would make every stream's clock spin (braid.run).
+    stall_timeout: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
+    heartbeat: float = attrs.field(default=15.0, validator=attrs.validators.gt(0))
 
 
 @attrs.define(eq=False)
@@ -124,9 +125,14 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
         req = parse_request(body, limits)  # type: ignore[arg-type]
         if req.model is not None and req.model != info.name:
             raise ModelNotFound(f"The model `{req.model}` does not exist.", param="model")
-        rid = request.headers.get("X-Request-Id")
-        rid = rid if rid is not None else (req.request_id or uuid.uuid4().hex)
-        plan = make_plan(req, info, engine.tokenizer, request_id=f"cmpl-{rid}", created=int(time.time()))
+        rid = request.headers.get("X-Request-Id") or req.request_id
+        # The response id may be the client's own; the engine's ids must be unique, because a
+        # batch abort names the requests to drop by them (two clients may send the same id).
+        unique = uuid.uuid4().hex
+        plan = make_plan(
+            req, info, engine.tokenizer, request_id=f"cmpl-{rid or unique}", created=int(time.time()),
+            engine_request_id=f"cmpl-{rid}-{unique[:8]}" if rid else None,
+        )
         run = CompletionRun(engine, plan, state.metrics, buffer=settings.buffer, stall_timeout=settings.stall_timeout)
         if plan.stream:
             stream = CompletionStream(run, StreamMerger(plan, engine.tokenizer), heartbeat=settings.heartbeat)
