@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import attrs
 import trio
 
+from braid.engine.base import ChoiceDelta, EngineOutput, EngineRequest
 from braid.engine.scripted import ScriptedEngine
 from braid.http.body import CompletionStream
 from braid.merge import StreamMerger
@@ -79,3 +84,34 @@ async def test_a_finished_run_stops_its_heartbeat_clock(autojump_clock: trio.tes
     body = CompletionStream(CompletionRun(engine, plan, Metrics()), StreamMerger(plan, engine.tokenizer), heartbeat=1000)
     with trio.fail_after(100):  # a clock that outlived the drivers would keep the run open
         await _drain(body)
+
+
+@attrs.define
+class EmptyDeltaEngine(ScriptedEngine):
+    """One prompt: an output with nothing in it at 6 s, then one token at 15 s."""
+
+    @asynccontextmanager
+    async def open_request(self, request: EngineRequest) -> AsyncIterator[AsyncIterator[EngineOutput]]:
+        async def outputs() -> AsyncIterator[EngineOutput]:
+            await trio.sleep(6)
+            yield EngineOutput(request.prompt_token_ids, (ChoiceDelta(0, "", ()),))
+            await trio.sleep(9)
+            yield EngineOutput(request.prompt_token_ids, (ChoiceDelta(0, "z", (90,), None, "length"),), finished=True)
+
+        yield outputs()
+
+
+async def test_an_output_that_encodes_to_nothing_does_not_restart_the_heartbeat(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    engine = EmptyDeltaEngine()
+    plan = plan_for(engine, b'{"prompt": "x", "max_tokens": 1, "stream": true}')
+    merger = StreamMerger(plan, engine.tokenizer)
+    body = CompletionStream(CompletionRun(engine, plan, Metrics()), merger, heartbeat=10)
+    sends: list[tuple[float, bytes]] = []
+    async with body as b:
+        async for data in b:
+            sends.append((trio.current_time(), data))
+    # idle from 0: the ping is due at 10 s even though an (empty) output came at 6 s
+    assert sends[0] == (10, HEARTBEAT)
+    assert [t for t, _ in sends[1:]] == [15, 15]

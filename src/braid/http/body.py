@@ -46,6 +46,8 @@ class CompletionStream(ResponseBody):
     async def __anext__(self) -> bytes:
         merger = self._merger
         run = self._run
+        idle_from: float | None = None  # when this call first waited: outputs that encode to
+        # nothing (merger.feed -> b"") must not restart the heartbeat period
         while merger.phase is Phase.STREAMING:
             # The checkpoint lets producers add what they have; outputs already waiting are
             # then taken without waiting at all.
@@ -55,7 +57,9 @@ class CompletionStream(ResponseBody):
                 if not arrivals:
                     # No timeout here: the run's heartbeat clock ends this wait with a TICK once
                     # it has lasted a period (a cancel scope per chunk cost ~9 % of the thread).
-                    run.waiting_since = since = trio.current_time()
+                    if idle_from is None:
+                        idle_from = trio.current_time()
+                    run.waiting_since = since = idle_from
                     try:
                         arrivals = await run.receive_ready()
                     finally:
