@@ -122,9 +122,12 @@ MUTANTS = [
     ),
     Mutant(
         "heartbeat_late",
-        "http/body.py",
-        (("                    with trio.move_on_after(self._heartbeat):", "                    with trio.move_on_after(self._heartbeat * 4):"),),
-        "the idle heartbeat comes four periods late",
+        "run.py",
+        (
+            ("if trio.current_time() < since + period:", "if trio.current_time() < since + period * 4:"),
+            ("await trio.sleep_until(since + period)", "await trio.sleep_until(since + period * 4)"),
+        ),
+        "the heartbeat clock ticks four periods late",
     ),
     Mutant(
         "error_lost_at_end_of_channel",
