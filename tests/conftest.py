@@ -102,6 +102,21 @@ class VllmServer:
         """Seconds until braid has no request in flight and vLLM none unfinished."""
         return self.process.wait_idle(within)
 
+    def fail_one_of(self, count: int, failing: int) -> dict[str, object]:
+        """Stream a batch of ``count`` long prompts of which prompt ``failing`` fails after 3
+        tokens (``--fault-hooks``); check the stream ends with the error and every sibling was
+        aborted. Returns the request body."""
+        aborts = self.metric("braid_engine_aborts_total")
+        prompts = [f"y{i} = " for i in range(count)]
+        prompts[failing] = "fail here braid:fail@3"
+        body = {"model": self.model, "prompt": prompts, "max_tokens": 400, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", self.url + "/v1/completions", json=body, timeout=60) as r:
+            events = parse_sse(r.read())
+        assert events[-1] == "[DONE]" and "error" in events[-2]
+        self.wait_engine_idle()
+        assert self.metric("braid_engine_aborts_total") == aborts + count - 1
+        return body
+
 
 @pytest.fixture(scope="session")
 def vllm_server() -> Iterator[VllmServer]:

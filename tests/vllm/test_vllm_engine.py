@@ -100,15 +100,7 @@ def test_disconnect_mid_stream_on_16_prompts(vllm_server: VllmServer) -> None:
 
 
 def test_error_in_one_item_aborts_the_rest(vllm_server: VllmServer) -> None:
-    aborts = vllm_server.metric("braid_engine_aborts_total")
-    prompts = [f"y{i} = " for i in range(8)]
-    prompts[5] = "fail here braid:fail@3"
-    body = {"model": vllm_server.model, "prompt": prompts, "max_tokens": 400, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", vllm_server.url + "/v1/completions", json=body, timeout=60) as r:
-        events = parse_sse(r.read())
-    assert events[-1] == "[DONE]" and "error" in events[-2]
-    vllm_server.wait_engine_idle()
-    assert vllm_server.metric("braid_engine_aborts_total") == aborts + 7
+    body = vllm_server.fail_one_of(8, failing=5)
     r2 = httpx.post(vllm_server.url + "/v1/completions", json={**body, "stream": False}, timeout=60)
     assert r2.status_code == 500 and r2.json()["error"]["type"] == "InternalServerError"
     vllm_server.wait_engine_idle()
