@@ -1,10 +1,14 @@
 """Plan: a validated request + the model -> one engine request per prompt, with length checks.
 
-Pure apart from calling the tokenizer. Any failure here is a 400 for the whole batch, raised
+Pure apart from calling the tokenizer (for text prompts not in ``encoded``, and for echoes that
+need decoding). The HTTP view tokenizes first, in :mod:`braid.tokenize`, so that a large batch's
+texts are encoded off the Trio thread. Any failure here is a 400 for the whole batch, raised
 before the response starts. Choice ``k`` of prompt ``i`` has the global index ``i * n + k``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import attrs
 
@@ -121,13 +125,17 @@ def make_plan(
     request_id: str,
     created: int,
     engine_request_id: str | None = None,
+    encoded: Mapping[int, tuple[int, ...]] | None = None,
 ) -> Plan:
     """Tokenize every prompt and check it fits the context, or raise :class:`InvalidRequest`.
 
     ``request_id`` is the response's ``id``; engine requests are ``{engine_request_id}-{i}``
     (default: the same prefix). It must be unique among running requests: a batch abort names
-    engine requests by these ids, and ``request_id`` may be the client's own.
+    engine requests by these ids, and ``request_id`` may be the client's own. ``encoded`` holds
+    text prompts' token ids by prompt index (:func:`braid.tokenize.encode_prompts`); a text
+    prompt missing from it is encoded here.
     """
+    encoded = encoded or {}
     engine_prefix = engine_request_id or request_id
     limit = info.max_model_len
     if req.max_tokens > limit:
@@ -142,7 +150,9 @@ def make_plan(
     items = []
     for i, prompt in enumerate(req.prompts):
         if isinstance(prompt, TextPrompt):
-            ids = tuple(tokenizer.encode(prompt.text, add_special_tokens=req.add_special_tokens))
+            ids = encoded.get(i)
+            if ids is None:
+                ids = tuple(tokenizer.encode(prompt.text, add_special_tokens=req.add_special_tokens))
         else:
             ids = prompt.token_ids
         if req.truncate_prompt_tokens is not None:

@@ -62,6 +62,13 @@ def test_text_prompts_get_bos_and_keep_their_text() -> None:
     assert [it.request.prompt_text for it in p.items] == ["hi", "abc"]
 
 
+def test_text_prompts_encoded_in_advance_are_not_encoded_again() -> None:
+    req = parse_request(json.dumps({"prompt": ["hi", "abc"]}).encode(), Limits(vocab_size=VOCAB_SIZE))
+    p = make_plan(req, INFO, TOK, request_id="cmpl-x", created=0, encoded={1: (7, 8)})
+    assert [it.request.prompt_token_ids for it in p.items] == [(BOS, *ids_of("hi")), (7, 8)]
+    assert [it.request.prompt_text for it in p.items] == ["hi", "abc"]
+
+
 def test_add_special_tokens_false_leaves_out_bos() -> None:
     assert plan(prompt="hi", add_special_tokens=False).items[0].request.prompt_token_ids == ids_of("hi")
 

@@ -266,3 +266,23 @@ async def test_requests_sharing_a_client_id_get_distinct_engine_ids(client: http
     assert len(first) == len(second) == 2
     assert all(i.startswith("cmpl-same-") for i in first + second)
     assert not set(first) & set(second)
+
+
+async def test_a_large_text_batch_is_tokenized_off_the_trio_thread(client: httpx.AsyncClient, server: LiveServer) -> None:
+    from tests.test_tokenize import RecordingTokenizer, big_batch
+
+    tok = RecordingTokenizer()
+    server.engine.tokenizer = tok
+    prompts = big_batch(32)
+    body = {"prompt": prompts, "max_tokens": 1, "echo": True, "stream": True, "stream_options": {"include_usage": True}}
+    async with client.stream("POST", "/v1/completions", json=body) as r:
+        events = parse_sse(await r.aread())
+    assert tok.threads == ["many:worker"]  # one batch on a worker thread, nothing inline
+    assert events[-1] == "[DONE]"
+    usage = events[-2]["usage"]  # type: ignore[index]
+    assert usage["prompt_tokens"] == sum(len(tok.encode(p)) for p in prompts)
+    texts = {}
+    for e in events[:-2]:
+        for c in e["choices"]:  # type: ignore[index]
+            texts[c["index"]] = texts.get(c["index"], "") + c["text"]
+    assert all(texts[i].startswith(p) for i, p in enumerate(prompts))  # each echo is its own prompt

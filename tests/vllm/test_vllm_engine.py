@@ -118,3 +118,40 @@ def test_zz_a_dead_engine_fails_health_and_new_requests(vllm_server: VllmServer)
         time.sleep(0.1)
     r = httpx.post(vllm_server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=30)
     assert r.status_code == 503 and r.json()["error"]["type"] == "ServiceUnavailableError"
+
+
+def _tiny_hf_tokenizer():  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    from tools.servers import tiny_model_dir
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir())
+
+
+TOKENIZE_TEXTS = ["Hello, world!", "", "  two  spaces\n\ttab", "naïve café 東京 🙂", "def f(x):\n    return x * 2\n"]
+
+
+def test_the_worker_tokenizer_encodes_like_the_trio_threads() -> None:
+    from braid.engine.vllm import HfTokenizer
+
+    hf = _tiny_hf_tokenizer()
+    tok = HfTokenizer(hf, hf.vocab_size)
+    assert tok._worker_backend is not None  # the tiny model's fast backend passed the probes
+    for special in (True, False):
+        assert tok.encode_many(TOKENIZE_TEXTS, add_special_tokens=special) == [
+            hf.encode(t, add_special_tokens=special) for t in TOKENIZE_TEXTS
+        ]
+
+
+def test_a_large_text_batch_counts_the_same_prompt_tokens(vllm_server: VllmServer) -> None:
+    from braid.tokenize import INLINE_CHARS
+
+    hf = _tiny_hf_tokenizer()
+    prompts = [(f"{t} {i} " * 100)[:600] for i, t in enumerate(TOKENIZE_TEXTS * 8)]
+    assert sum(map(len, prompts)) > INLINE_CHARS  # so braid tokenizes them on its worker thread
+    body = {"model": vllm_server.model, "prompt": prompts, "max_tokens": 1, "echo": True}
+    r = httpx.post(vllm_server.url + "/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    data = r.json()
+    assert data["usage"]["prompt_tokens"] == sum(len(hf.encode(p)) for p in prompts)
+    assert all(c["text"].startswith(prompts[c["index"]]) for c in data["choices"])

@@ -117,6 +117,12 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
 
+    def encode_many(self, texts: list[str], *, add_special_tokens: bool = True) -> list[list[int]]:
+        """``[encode(t) for t in texts]``, safe to call from one worker thread at a time while the
+        Trio thread goes on using this tokenizer (braid.tokenize): it must not share mutable
+        state with ``encode``/``decode``, and should release the GIL while it works."""
+        ...
+
     def decode(self, token_ids: tuple[int, ...] | list[int], *, skip_special_tokens: bool = True) -> str: ...
 
     def token_text(self, token_id: int) -> str:

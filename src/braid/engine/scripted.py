@@ -65,6 +65,9 @@ class ByteTokenizer:
         ids = [b + _OFFSET for b in text.encode("utf-8")]
         return [BOS, *ids] if add_special_tokens else ids
 
+    def encode_many(self, texts: list[str], *, add_special_tokens: bool = True) -> list[list[int]]:
+        return [self.encode(t, add_special_tokens=add_special_tokens) for t in texts]  # stateless
+
     def decode(self, token_ids: tuple[int, ...] | list[int], *, skip_special_tokens: bool = True) -> str:
         out = bytearray()
         for t in token_ids:

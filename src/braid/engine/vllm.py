@@ -15,6 +15,7 @@ import. On a GPU machine the same code drives the ``vllm`` package.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -59,15 +60,44 @@ def is_cpu_build() -> bool:
         return False
 
 
+_PROBES = ("Hello, world!", " leading space\tand tab\n", "naïve café 東京 🙂", "def f(x):\n    return x")
+
+
 class HfTokenizer:
-    """braid's Tokenizer protocol over a Hugging Face tokenizer (braid's own instance)."""
+    """braid's Tokenizer protocol over a Hugging Face tokenizer (braid's own instance).
+
+    ``encode_many`` (braid.tokenize's worker thread) uses a private copy of the Rust backend, so
+    it shares no state with the Trio thread's instance, and the backend releases the GIL while it
+    encodes a batch. The copy is used only if it encodes like ``encode`` on a few probes (a
+    tokenizer class may add its own steps in Python); otherwise, and for slow tokenizers, the
+    worker loops ``encode`` over a deep copy of the whole tokenizer.
+    """
 
     def __init__(self, tok: Any, vocab_size: int) -> None:
         self._tok = tok
         self.vocab_size = vocab_size
+        self._worker_backend: Any = None
+        self._worker_tok: Any = None
+        backend = getattr(tok, "_tokenizer", None)
+        if backend is not None and hasattr(backend, "encode_batch") and hasattr(backend, "to_str"):
+            copy_ = type(backend).from_str(backend.to_str())
+            if all(
+                copy_.encode(p, add_special_tokens=s).ids == tok.encode(p, add_special_tokens=s)
+                for p in _PROBES
+                for s in (True, False)
+            ):
+                self._worker_backend = copy_
+        if self._worker_backend is None:
+            self._worker_tok = copy.deepcopy(tok)
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
+
+    def encode_many(self, texts: list[str], *, add_special_tokens: bool = True) -> list[list[int]]:
+        if self._worker_backend is not None:
+            return [e.ids for e in self._worker_backend.encode_batch(texts, add_special_tokens=add_special_tokens)]
+        tok = self._worker_tok
+        return [list(tok.encode(t, add_special_tokens=add_special_tokens)) for t in texts]
 
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
@@ -245,12 +275,13 @@ def _model_info_maker(model: str, names: Any) -> Callable[[Any], Awaitable[tuple
         """ModelInfo from vLLM's model config (read after the engine's handshake, which may lower
         max_model_len), and braid's own tokenizer instance (loaded in a worker thread)."""
 
-        def load_tokenizer() -> Any:
+        def load_tokenizer() -> HfTokenizer:
             from transformers import AutoTokenizer
 
-            return AutoTokenizer.from_pretrained(mc.tokenizer, trust_remote_code=mc.trust_remote_code)
+            tok = AutoTokenizer.from_pretrained(mc.tokenizer, trust_remote_code=mc.trust_remote_code)
+            return HfTokenizer(tok, mc.get_vocab_size())
 
-        tok = await trio.to_thread.run_sync(load_tokenizer)
+        tokenizer = await trio.to_thread.run_sync(load_tokenizer)
         info = ModelInfo(
             name=names if isinstance(names, str) else names[0],
             root=model,
@@ -258,7 +289,7 @@ def _model_info_maker(model: str, names: Any) -> Callable[[Any], Awaitable[tuple
             vocab_size=mc.get_vocab_size(),
             max_logprobs=mc.max_logprobs,
         )
-        return info, HfTokenizer(tok, mc.get_vocab_size())
+        return info, tokenizer
 
     return make
 

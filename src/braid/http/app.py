@@ -1,8 +1,8 @@
 """The quart-trio app: routes, error rendering, and the completions view.
 
-The view is the whole data path in order: validate (:mod:`braid.request`), plan
-(:mod:`braid.plan`), run (:mod:`braid.run`), merge (:mod:`braid.merge`), encode
-(:mod:`braid.encode`). Everything that can fail before generation fails here, as a JSON error,
+The view is the whole data path in order: validate (:mod:`braid.request`), tokenize
+(:mod:`braid.tokenize`), plan (:mod:`braid.plan`), run (:mod:`braid.run`), merge
+(:mod:`braid.merge`), encode (:mod:`braid.encode`). Everything that can fail before generation fails here, as a JSON error,
 before a 200 is committed; later failures become an SSE error event (streams) or a JSON error
 (non-streaming responses, which are sent only when complete).
 """
@@ -31,6 +31,7 @@ from braid.metrics import Metrics
 from braid.plan import make_plan
 from braid.request import Limits, parse_request
 from braid.run import CompletionRun
+from braid.tokenize import encode_prompts
 
 log = logging.getLogger("braid")
 
@@ -52,6 +53,9 @@ class AppState:
     metrics: Metrics
     limits: Limits
     draining: bool = False
+    # One large batch tokenizes on a worker thread at a time (the tokenizer's worker copy is
+    # not shared between threads; see braid.tokenize).
+    tokenize_limiter: trio.CapacityLimiter = attrs.Factory(lambda: trio.CapacityLimiter(1))
 
 
 class _KeepAliveSafeConnection(TrioASGIHTTPConnection):
@@ -129,9 +133,10 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
         # The response id may be the client's own; the engine's ids must be unique, because a
         # batch abort names the requests to drop by them (two clients may send the same id).
         unique = uuid.uuid4().hex
+        encoded = await encode_prompts(req, engine.tokenizer, state.tokenize_limiter)
         plan = make_plan(
             req, info, engine.tokenizer, request_id=f"cmpl-{rid or unique}", created=int(time.time()),
-            engine_request_id=f"cmpl-{rid}-{unique[:8]}" if rid else None,
+            engine_request_id=f"cmpl-{rid}-{unique[:8]}" if rid else None, encoded=encoded,
         )
         run = CompletionRun(engine, plan, state.metrics, buffer=settings.buffer, stall_timeout=settings.stall_timeout)
         if plan.stream:

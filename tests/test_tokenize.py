@@ -1,0 +1,137 @@
+"""braid.tokenize: small requests tokenize inline, large ones on one worker thread at a time,
+and the Trio thread keeps running while a large one tokenizes."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import trio
+
+from braid.engine.scripted import ByteTokenizer
+from braid.request import Limits, parse_request
+from braid.tokenize import INLINE_CHARS, encode_prompts, text_prompts
+
+TOK = ByteTokenizer()
+
+
+def req(prompt: object, **body: object):  # type: ignore[no-untyped-def]
+    return parse_request(json.dumps({"prompt": prompt, **body}).encode(), Limits(vocab_size=TOK.vocab_size))
+
+
+class RecordingTokenizer(ByteTokenizer):
+    """Notes which thread each encode ran on, and how many encode_many calls overlapped."""
+
+    def __init__(self, gate: threading.Event | None = None) -> None:
+        self.threads: list[str] = []  # "inline" (the test's thread) or "worker"
+        self.main = threading.get_ident()
+        self.gate = gate
+        self.active = 0
+        self.most_active = 0
+        self._lock = threading.Lock()
+
+    def _where(self) -> str:
+        return "inline" if threading.get_ident() == self.main else "worker"
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        self.threads.append(self._where())
+        return super().encode(text, add_special_tokens=add_special_tokens)
+
+    def encode_many(self, texts: list[str], *, add_special_tokens: bool = True) -> list[list[int]]:
+        with self._lock:
+            self.active += 1
+            self.most_active = max(self.most_active, self.active)
+        try:
+            self.threads.append("many:" + self._where())
+            if self.gate is not None:
+                assert self.gate.wait(10), "the Trio thread did not run while the batch was tokenizing"
+            return [ByteTokenizer.encode(self, t, add_special_tokens=add_special_tokens) for t in texts]
+        finally:
+            with self._lock:
+                self.active -= 1
+
+
+def big_batch(count: int = 64) -> list[str]:
+    per = INLINE_CHARS // count + 8
+    return [f"{i:04d}" + "x" * per for i in range(count)]
+
+
+async def test_a_small_request_is_encoded_inline() -> None:
+    tok = RecordingTokenizer()
+    out = await encode_prompts(req(["ab", "c"]), tok, trio.CapacityLimiter(1))
+    assert out == {0: tuple(TOK.encode("ab")), 1: tuple(TOK.encode("c"))}
+    assert tok.threads == ["inline", "inline"]
+
+
+async def test_a_large_batch_is_encoded_on_a_worker_thread_with_the_same_ids() -> None:
+    tok = RecordingTokenizer()
+    prompts = big_batch()
+    assert sum(map(len, prompts)) > INLINE_CHARS
+    for special in (True, False):
+        tok.threads.clear()
+        out = await encode_prompts(req(prompts, add_special_tokens=special), tok, trio.CapacityLimiter(1))
+        assert out == {i: tuple(TOK.encode(p, add_special_tokens=special)) for i, p in enumerate(prompts)}
+        assert tok.threads == ["many:worker"]
+
+
+async def test_token_prompts_are_not_tokenized() -> None:
+    tok = RecordingTokenizer()
+    assert await encode_prompts(req([[5, 6], [7]]), tok, trio.CapacityLimiter(1)) == {}
+    assert text_prompts(req("hi")) == {0: "hi"}
+    assert tok.threads == []
+
+
+async def test_the_trio_thread_runs_while_a_large_batch_tokenizes() -> None:
+    gate = threading.Event()
+    tok = RecordingTokenizer(gate)
+    ran = []
+
+    async def other_stream() -> None:
+        await trio.sleep(0.01)
+        ran.append(True)
+        gate.set()  # tokenizing can finish only once this task has run
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other_stream)
+        out = await encode_prompts(req(big_batch()), tok, trio.CapacityLimiter(1))
+    assert ran and len(out) == 64
+
+
+async def test_large_batches_tokenize_one_at_a_time() -> None:
+    gate = threading.Event()
+    tok = RecordingTokenizer(gate)
+    limiter = trio.CapacityLimiter(1)
+    results = []
+
+    async def one() -> None:
+        results.append(await encode_prompts(req(big_batch()), tok, limiter))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(one)
+        await trio.sleep(0.05)
+        gate.set()
+    assert len(results) == 3 and tok.most_active == 1
+
+
+async def test_a_cancelled_request_waits_for_its_thread_then_sees_the_cancellation() -> None:
+    gate = threading.Event()
+    tok = RecordingTokenizer(gate)
+    limiter = trio.CapacityLimiter(1)
+    scope = trio.CancelScope()
+
+    async def cancel_then_release() -> None:
+        await trio.sleep(0.01)
+        scope.cancel()
+        await trio.sleep(0.05)
+        assert limiter.borrowed_tokens == 1  # still tokenizing: the wait was not abandoned
+        gate.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(cancel_then_release)
+        with scope:
+            await encode_prompts(req(big_batch()), tok, limiter)
+            pytest.fail("a cancelled request went on past tokenizing")
+    assert scope.cancelled_caught
+    assert limiter.borrowed_tokens == 0 and tok.active == 0  # no thread left behind
