@@ -94,3 +94,49 @@ async def test_a_finished_run_leaves_no_request_behind() -> None:
     assert engine.finished_total == 3 and engine.aborted_total == 0 and engine.in_flight == 0
     assert engine.batch_aborts == []
     assert metrics.registry.get_sample_value("braid_engine_aborts_total") == 0
+
+
+async def test_a_large_batch_opens_its_requests_a_chunk_per_scheduler_round(autojump_clock: trio.testing.MockClock) -> None:
+    from braid.run import START_CHUNK
+
+    engine = ScriptedEngine(token_delay=1.0)
+    count = 4 * START_CHUNK
+    prompts = ",".join(f'"p{i}"' for i in range(count)).encode()
+    plan = plan_for(engine, b'{"prompt": [' + prompts + b'], "max_tokens": 1000, "ignore_eos": true}')
+    seen = []
+
+    async def other_stream() -> None:
+        # Runs once per scheduler round, as another stream's task would.
+        while engine.in_flight < count:
+            seen.append(engine.in_flight)
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other_stream)
+        async with CompletionRun(engine, plan, Metrics()) as run:
+            await trio.sleep(0.5)
+            assert engine.in_flight == count
+            run.abort_all(EngineError("done"))
+    # Between two of its turns at most two chunks opened (the rest of one round, the start of
+    # the next), never the whole batch at once.
+    assert seen[0] == 0 and max(b - a for a, b in zip(seen, [*seen[1:], count])) <= 2 * START_CHUNK
+
+
+async def test_drivers_that_run_after_the_run_is_cancelled_open_nothing(autojump_clock: trio.testing.MockClock) -> None:
+    from braid.run import START_CHUNK
+
+    engine = ScriptedEngine(token_delay=1.0)
+    count = 3 * START_CHUNK
+    prompts = ",".join(f'"p{i}"' for i in range(count)).encode()
+    plan = plan_for(engine, b'{"prompt": [' + prompts + b'], "max_tokens": 1000, "ignore_eos": true}')
+    metrics = Metrics()
+    run = CompletionRun(engine, plan, metrics)
+
+    def opened() -> float:
+        return metrics.registry.get_sample_value("braid_engine_requests_total") or 0.0
+
+    async with run:
+        run.abort_all(EngineError("at once"))  # some of the first chunk's drivers may have run
+        before = opened()
+    assert before <= START_CHUNK and opened() == before  # none opened after the abort
+    assert engine.in_flight == 0 and engine.finished_total == 0

@@ -17,7 +17,7 @@ import trio.testing
 import zmq
 
 from braid.engine.base import EngineRequest, ModelInfo, SamplingParams
-from braid.engine.vllm_core import MAX_BURST, OutputSlot, VllmCoreEngine
+from braid.engine.vllm_core import MAX_BURST, OUTPUT_CHUNK, OutputSlot, VllmCoreEngine
 from braid.errors import EngineError, EngineUnavailable
 
 
@@ -408,6 +408,29 @@ async def test_a_burst_of_steps_lets_other_tasks_run_every_max_burst_steps() -> 
     # The other task ran between bursts. Between two of its turns the pump may run twice (at the
     # end of one scheduler batch and the start of the next), never more.
     assert seen_by_other and max(b - a for a, b in zip([0, *seen_by_other], seen_by_other)) <= 2 * MAX_BURST
+
+
+async def test_a_large_step_is_processed_in_chunks_with_other_tasks_run_between() -> None:
+    engine, sock, client, op = make_engine()
+    outputs = [f"r{i}" for i in range(3 * OUTPUT_CHUNK)] + ["stop:x", "stop:y"]
+    seen_by_other: list[int] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(engine.pump_outputs)
+        await trio.testing.wait_all_tasks_blocked()
+        sock.push(Step(outputs))
+
+        async def other() -> None:
+            while sum(map(len, op.steps)) < len(outputs):
+                seen_by_other.append(len(op.steps))
+                await trio.lowlevel.checkpoint()
+
+        nursery.start_soon(other)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert [o for step in op.steps for o in step] == outputs  # every output, in order, once
+    assert [len(step) for step in op.steps] == [OUTPUT_CHUNK] * 3 + [2]
+    assert 0 < max(seen_by_other) < 4  # the other task ran while the step was still being processed
+    assert client.input_socket.sent == [(b"\x00\x00", RequestTypes.ABORT.value, ["x", "y"])]
 
 
 async def test_an_engine_that_reports_itself_dead_fails_open_requests_and_calls() -> None:

@@ -43,6 +43,7 @@ from braid.errors import EngineUnavailable
 log = logging.getLogger("braid.engine")
 
 MAX_BURST = 8  # engine steps the output pump processes before it lets other tasks run
+OUTPUT_CHUNK = 128  # outputs of one step processed between checkpoints (vLLM's own chunk size)
 
 
 class OutputSlot:
@@ -268,8 +269,12 @@ class VllmCoreEngine:
                     if outputs.utility_output is not None:
                         self._utility_result(outputs.utility_output)
                         continue
-                    if outputs.outputs:
-                        processed = op.process_outputs(outputs.outputs, outputs.timestamp, None)
+                    step = outputs.outputs
+                    for start in range(0, len(step), OUTPUT_CHUNK):
+                        if start:
+                            # A step of a 1024-prompt batch: let the streams run between chunks.
+                            await trio.lowlevel.checkpoint()
+                        processed = op.process_outputs(step[start : start + OUTPUT_CHUNK], outputs.timestamp, None)
                         # Requests the output processor finished itself (stop strings).
                         self._abort_in_core(processed.reqs_to_abort)
                     op.update_scheduler_stats(outputs.scheduler_stats)
