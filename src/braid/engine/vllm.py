@@ -16,6 +16,7 @@ import. On a GPU machine the same code drives the ``vllm`` package.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -60,6 +61,8 @@ def is_cpu_build() -> bool:
         return False
 
 
+log = logging.getLogger("braid.engine")
+
 _PROBES = ("Hello, world!", " leading space\tand tab\n", "naïve café 東京 🙂", "def f(x):\n    return x")
 
 
@@ -80,15 +83,23 @@ class HfTokenizer:
         self._worker_tok: Any = None
         backend = getattr(tok, "_tokenizer", None)
         if backend is not None and hasattr(backend, "encode_batch") and hasattr(backend, "to_str"):
-            copy_ = type(backend).from_str(backend.to_str())
-            if all(
-                copy_.encode(p, add_special_tokens=s).ids == tok.encode(p, add_special_tokens=s)
-                for p in _PROBES
-                for s in (True, False)
-            ):
-                self._worker_backend = copy_
+            try:
+                copy_ = type(backend).from_str(backend.to_str())
+                if all(
+                    copy_.encode(p, add_special_tokens=s).ids == tok.encode(p, add_special_tokens=s)
+                    for p in _PROBES
+                    for s in (True, False)
+                ):
+                    self._worker_backend = copy_
+            except Exception:  # noqa: BLE001 - an exotic backend: take the slow path below
+                log.warning("the tokenizer's backend cannot be copied; large batches tokenize more slowly")
         if self._worker_backend is None:
-            self._worker_tok = copy.deepcopy(tok)
+            try:
+                self._worker_tok = copy.deepcopy(tok)
+            except Exception:  # noqa: BLE001
+                # Encoding alone does not change a tokenizer's state; sharing it is the last resort.
+                log.warning("the tokenizer cannot be copied; the tokenizing thread shares it")
+                self._worker_tok = tok
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens))

@@ -2,9 +2,9 @@
 
 The view is the whole data path in order: validate (:mod:`braid.request`), tokenize
 (:mod:`braid.tokenize`), plan (:mod:`braid.plan`), run (:mod:`braid.run`), merge
-(:mod:`braid.merge`), encode (:mod:`braid.encode`). Everything that can fail before generation fails here, as a JSON error,
-before a 200 is committed; later failures become an SSE error event (streams) or a JSON error
-(non-streaming responses, which are sent only when complete).
+(:mod:`braid.merge`), encode (:mod:`braid.encode`). Everything that can fail before generation
+fails here, as a JSON error, before a 200 is committed; later failures become an SSE error event
+(streams) or a JSON error (non-streaming responses, which are sent only when complete).
 """
 
 from __future__ import annotations
