@@ -117,6 +117,56 @@ def _fit(params: SamplingParams, prompt_len: int, limit: int, i: int, req: Compl
     return attrs.evolve(params, max_tokens=room)
 
 
+def _truncate(
+    ids: tuple[int, ...], keep: int, prompt: object, tokenizer: Tokenizer, req: CompletionRequest
+) -> tuple[int, ...]:
+    """``truncate_prompt_tokens`` as vLLM 0.32 applies it: ``truncation_side`` "right" keeps the
+    first ``keep`` tokens, "left" (and the default) the last. With no side given, vLLM lets the
+    tokenizer truncate a text prompt, and the tokenizer keeps the special tokens it adds (BOS)
+    and cuts the text's own tokens; braid does the same for special tokens that come first."""
+    if req.truncation_side == "right":
+        return ids[:keep]
+    if req.truncation_side is None and isinstance(prompt, TextPrompt) and req.add_special_tokens:
+        content = tuple(tokenizer.encode(prompt.text, add_special_tokens=False))
+        specials = len(ids) - len(content)
+        if 0 < specials < keep and ids[specials:] == content:
+            return ids[:specials] + content[len(content) - (keep - specials) :]
+    return ids[-keep:]
+
+
+def check_limits(req: CompletionRequest, info: ModelInfo, tokenizer: Tokenizer) -> None:
+    """The checks vLLM 0.32 makes before it tokenizes (in this order), or :class:`InvalidRequest`.
+
+    Run by the view before :mod:`braid.tokenize`, so that an over-long text costs no tokenizing,
+    and again by :func:`make_plan`. A text of more than ``max_model_len * max_chars_per_token``
+    characters cannot fit the context, whatever it encodes to; with ``truncate_prompt_tokens``
+    set it is truncated instead, so it is not refused.
+    """
+    limit = info.max_model_len
+    if req.max_tokens > limit:
+        raise InvalidRequest(
+            f"max_tokens={req.max_tokens} cannot be greater than max_model_len={limit}. "
+            "Please request fewer output tokens.",
+            param="max_tokens",
+        )
+    if req.truncate_prompt_tokens is not None and req.truncate_prompt_tokens > limit:
+        raise InvalidRequest(
+            f"truncate_prompt_tokens={req.truncate_prompt_tokens} cannot be greater than max_model_len = {limit}. "
+            "Please request a smaller truncation size.",
+            param="truncate_prompt_tokens",
+        )
+    if req.truncate_prompt_tokens is None:
+        max_chars = limit * tokenizer.max_chars_per_token
+        for prompt in req.prompts:
+            if isinstance(prompt, TextPrompt) and len(prompt.text) > max_chars:
+                raise InvalidRequest(
+                    f"This model's maximum context length is {limit} tokens. However, your prompt contains "
+                    f"{len(prompt.text)} characters (more than {max_chars} characters, which is the upper bound "
+                    f"for {limit} input tokens). Please reduce the length of the input prompt.",
+                    param="input_text",
+                )
+
+
 def make_plan(
     req: CompletionRequest,
     info: ModelInfo,
@@ -136,17 +186,14 @@ def make_plan(
     prompt missing from it is encoded here.
     """
     encoded = encoded or {}
+    check_limits(req, info, tokenizer)
     engine_prefix = engine_request_id or request_id
     limit = info.max_model_len
-    if req.max_tokens > limit:
-        raise InvalidRequest(
-            f"max_tokens={req.max_tokens} cannot be greater than max_model_len={limit}. "
-            "Please request fewer output tokens.",
-            param="max_tokens",
-        )
     engine_max_tokens = max(req.max_tokens, 1)  # echo with max_tokens=0 still generates one token
     params = _sampling_params(req, engine_max_tokens)
-    room = limit - engine_max_tokens
+    keep = req.truncate_prompt_tokens
+    if keep == -1:
+        keep = limit - 1  # vLLM: the whole context less one token of room for the output
     items = []
     for i, prompt in enumerate(req.prompts):
         if isinstance(prompt, TextPrompt):
@@ -155,21 +202,15 @@ def make_plan(
                 ids = tuple(tokenizer.encode(prompt.text, add_special_tokens=req.add_special_tokens))
         else:
             ids = prompt.token_ids
-        if req.truncate_prompt_tokens is not None:
-            keep = room if req.truncate_prompt_tokens == -1 else req.truncate_prompt_tokens
-            if keep > room:
-                raise InvalidRequest(
-                    f"truncate_prompt_tokens={keep} is more than the {room} prompt tokens the context leaves.",
-                    param="truncate_prompt_tokens",
-                )
-            ids = ids[-keep:] if keep > 0 else ()
+        if keep is not None and keep < len(ids):
+            ids = _truncate(ids, keep, prompt, tokenizer, req)
         if not ids:
             raise InvalidRequest(f"prompt[{i}]: the decoder prompt cannot be empty.")
         item_params = _fit(params, len(ids), limit, i, req)
         if not req.echo or req.return_token_ids:
             echo_text = ""  # vLLM echoes "" with return_token_ids
-        elif isinstance(prompt, TextPrompt) and req.truncate_prompt_tokens is None:
-            echo_text = prompt.text
+        elif isinstance(prompt, TextPrompt):
+            echo_text = prompt.text  # vLLM echoes the text as sent, even when its tokens were truncated
         else:
             echo_text = tokenizer.decode(ids, skip_special_tokens=req.skip_special_tokens)
         text = prompt.text if isinstance(prompt, TextPrompt) else None

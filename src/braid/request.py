@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import msgspec
@@ -88,6 +88,7 @@ class _Body(msgspec.Struct):
     return_tokens_as_token_ids: bool | None = None
     add_special_tokens: bool = True
     truncate_prompt_tokens: int | None = None
+    truncation_side: Literal["left", "right"] | None = None
     request_id: str | None = None
     user: str | None = None
     priority: int = 0
@@ -146,6 +147,7 @@ class CompletionRequest:
     return_tokens_as_token_ids: bool
     add_special_tokens: bool
     truncate_prompt_tokens: int | None
+    truncation_side: str | None  # "left" (keep the last tokens), "right" (the first), None: left
     request_id: str | None
 
 
@@ -459,5 +461,6 @@ def parse_request(body: bytes, limits: Limits) -> CompletionRequest:
         return_tokens_as_token_ids=bool(b.return_tokens_as_token_ids),
         add_special_tokens=b.add_special_tokens,
         truncate_prompt_tokens=b.truncate_prompt_tokens,
+        truncation_side=b.truncation_side,
         request_id=b.request_id,
     )

@@ -219,10 +219,16 @@ def test_echo_with_zero_max_tokens_still_needs_room_for_one_token() -> None:
 
 
 def test_truncate_prompt_tokens_keeps_the_last_tokens() -> None:
+    # a text keeps its BOS (vLLM lets the tokenizer truncate it), and is echoed as it was sent
     p = plan(prompt=["abcdef", "xy"], truncate_prompt_tokens=3, echo=True)
-    assert [it.request.prompt_token_ids for it in p.items] == [ids_of("def"), (BOS, *ids_of("xy"))]
-    assert [it.echo_text for it in p.items] == ["def", "xy"]
+    assert [it.request.prompt_token_ids for it in p.items] == [(BOS, *ids_of("ef")), (BOS, *ids_of("xy"))]
+    assert [it.echo_text for it in p.items] == ["abcdef", "xy"]
     assert p.prompt_tokens == 6
+    # with an explicit side the whole encoding is cut, as vLLM does
+    assert plan(prompt="abcdef", truncate_prompt_tokens=3, truncation_side="left").items[0].request.prompt_token_ids == (
+        ids_of("def"))
+    assert plan(prompt="abcdef", truncate_prompt_tokens=3, add_special_tokens=False).items[0].request.prompt_token_ids == (
+        ids_of("def"))
     q = plan(prompt=[[5, 6, 7, 8], [9]], truncate_prompt_tokens=3, echo=True)
     assert [it.request.prompt_token_ids for it in q.items] == [(6, 7, 8), (9,)]
     assert [it.echo_text for it in q.items] == [TOK.decode((6, 7, 8)), TOK.decode((9,))]
@@ -234,14 +240,40 @@ def test_truncate_prompt_tokens_longer_than_the_prompt_keeps_it_whole() -> None:
     assert p.items[0].echo_text == "ab"
 
 
-def test_truncate_prompt_tokens_minus_one_truncates_to_the_room_left() -> None:
+def test_truncate_prompt_tokens_minus_one_keeps_the_context_less_one_and_max_tokens_shrinks() -> None:
+    # vLLM 0.32: -1 is max_model_len - 1 (SMALL: 31), then max_tokens shrinks to the one left
     p = plan(SMALL, prompt="x" * 40, max_tokens=12, truncate_prompt_tokens=-1)
-    assert p.items[0].request.prompt_token_ids == ids_of("x" * 20)
+    assert p.items[0].request.prompt_token_ids == (BOS, *ids_of("x" * 30))
+    assert p.items[0].request.params.max_tokens == 1
 
 
-def test_truncate_prompt_tokens_over_the_room_is_400() -> None:
-    assert refuse(SMALL, prompt="x", max_tokens=12, truncate_prompt_tokens=21).param == "truncate_prompt_tokens"
-    assert len(plan(SMALL, prompt="x" * 40, max_tokens=12, truncate_prompt_tokens=20).items[0].request.prompt_token_ids) == 20
+def test_truncate_prompt_tokens_is_bounded_by_the_context_not_by_the_room_max_tokens_leaves() -> None:
+    p = plan(SMALL, prompt="x" * 10, max_tokens=30, truncate_prompt_tokens=30)  # 30 > 32 - 30, allowed
+    assert len(p.items[0].request.prompt_token_ids) == 11 and p.items[0].request.params.max_tokens == 21
+    err = refuse(SMALL, prompt="x", max_tokens=12, truncate_prompt_tokens=33)
+    assert err.param == "truncate_prompt_tokens" and "cannot be greater than max_model_len = 32" in str(err.message)
+    # truncated to the whole context: no room for an output token, refused as vLLM refuses it
+    assert refuse(SMALL, prompt="x" * 40, max_tokens=5, truncate_prompt_tokens=32).param == "max_tokens"
+
+
+def test_truncation_side_right_keeps_the_first_tokens() -> None:
+    p = plan(prompt=[[5, 6, 7, 8]], truncate_prompt_tokens=2, truncation_side="right")
+    assert p.items[0].request.prompt_token_ids == (5, 6)
+    assert plan(prompt="abcd", truncate_prompt_tokens=2, truncation_side="right").items[0].request.prompt_token_ids == (
+        BOS, *ids_of("a"))
+    q = plan(prompt=[[5, 6, 7, 8]], truncate_prompt_tokens=2, truncation_side="left")
+    assert q.items[0].request.prompt_token_ids == (7, 8)
+
+
+def test_a_text_too_long_for_any_tokenizing_is_refused_before_tokenizing() -> None:
+    limit = SMALL.max_model_len * TOK.max_chars_per_token
+    err = refuse(SMALL, prompt=["ok", "x" * (limit + 1)], max_tokens=1)
+    assert err.param == "input_text" and f"contains {limit + 1} characters (more than {limit}" in str(err.message)
+    assert refuse(SMALL, prompt="x" * limit, max_tokens=1).param == "input_tokens"  # tokenized, then too long
+    # with truncation the text is cut instead
+    assert len(plan(SMALL, prompt="x" * (limit + 1), max_tokens=1, truncate_prompt_tokens=5).items[0].request.prompt_token_ids) == 5
+    # the request-level checks come first, as in vLLM
+    assert refuse(SMALL, prompt="x" * (limit + 1), max_tokens=40).param == "max_tokens"
 
 
 def test_prompt_tokens_are_counted_once_per_prompt_not_per_choice() -> None:

@@ -312,6 +312,8 @@ def test_suffix_is_refused() -> None:
         # a dict value: pydantic's location is the key ("body.logit_bias.1", checked against
         # vLLM 0.32's own CompletionRequest model and validation handler)
         ({"logit_bias": {"1": "a"}}, "body.logit_bias.1"),
+        ({"truncation_side": "middle"}, "body.truncation_side"),
+        ({"truncation_side": 1}, "body.truncation_side"),
     ],
     ids=repr,
 )

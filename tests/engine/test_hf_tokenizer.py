@@ -40,6 +40,9 @@ class FakeHf:
         self._tokenizer = backend
         self.encodes = 0
 
+    def get_vocab(self) -> dict[str, int]:
+        return {"a": 0, "<pad>": 1}
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         self.encodes += 1
         return ids(text, add_special_tokens)
@@ -50,6 +53,7 @@ TEXTS = ["ab", "", "é東"]
 
 def test_a_copy_that_encodes_alike_is_used_for_batches() -> None:
     tok = HfTokenizer(FakeHf(FakeBackend()), 100)
+    assert tok.max_chars_per_token == 5  # "<pad>", as vLLM counts it
     assert tok._worker_backend is not None
     assert tok.encode_many(TEXTS, add_special_tokens=False) == [ids(t, False) for t in TEXTS]
     assert tok._worker_backend.batches == 1

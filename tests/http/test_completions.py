@@ -286,3 +286,14 @@ async def test_a_large_text_batch_is_tokenized_off_the_trio_thread(client: httpx
         for c in e["choices"]:  # type: ignore[index]
             texts[c["index"]] = texts.get(c["index"], "") + c["text"]
     assert all(texts[i].startswith(p) for i, p in enumerate(prompts))  # each echo is its own prompt
+
+
+async def test_a_text_over_the_character_bound_is_refused_without_tokenizing(client: httpx.AsyncClient, server: LiveServer) -> None:
+    from tests.test_tokenize import RecordingTokenizer
+
+    tok = RecordingTokenizer()
+    server.engine.tokenizer = tok
+    bound = server.engine.info.max_model_len * tok.max_chars_per_token
+    r = await client.post("/v1/completions", json={"prompt": ["ok", "x" * (bound + 1)], "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input_text"
+    assert tok.threads == []  # neither prompt was tokenized

@@ -115,6 +115,12 @@ class Tokenizer(Protocol):
     @property
     def vocab_size(self) -> int: ...
 
+    @property
+    def max_chars_per_token(self) -> int:
+        """The longest token's text, in characters (vLLM's bound: a text of more than
+        ``max_model_len * max_chars_per_token`` characters is refused before tokenizing)."""
+        ...
+
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
 
     def encode_many(self, texts: list[str], *, add_special_tokens: bool = True) -> list[list[int]]:

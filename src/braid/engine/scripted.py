@@ -58,6 +58,7 @@ class ByteTokenizer:
     """Byte-level tokenizer with three special tokens (see the module docstring)."""
 
     vocab_size = VOCAB_SIZE
+    max_chars_per_token = max(map(len, _SPECIAL.values()))  # "<pad>"; every byte token is 1 character
     bos_token_id = BOS
     eos_token_id = EOS
 

@@ -79,6 +79,8 @@ class HfTokenizer:
     def __init__(self, tok: Any, vocab_size: int) -> None:
         self._tok = tok
         self.vocab_size = vocab_size
+        # vLLM's own rule (vllm/tokenizers/hf.py): the longest vocabulary entry, as stored.
+        self.max_chars_per_token = max((len(t) for t in tok.get_vocab()), default=1)
         self._worker_backend: Any = None
         self._worker_tok: Any = None
         backend = getattr(tok, "_tokenizer", None)

@@ -28,7 +28,7 @@ from braid.errors import BraidError, EngineUnavailable, ModelNotFound, SchemaErr
 from braid.http.body import CompletionStream
 from braid.merge import ResponseCollector, StreamMerger
 from braid.metrics import Metrics
-from braid.plan import make_plan
+from braid.plan import check_limits, make_plan
 from braid.request import Limits, parse_request
 from braid.run import CompletionRun
 from braid.tokenize import encode_prompts
@@ -133,6 +133,7 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
         # The response id may be the client's own; the engine's ids must be unique, because a
         # batch abort names the requests to drop by them (two clients may send the same id).
         unique = uuid.uuid4().hex
+        check_limits(req, info, engine.tokenizer)  # before tokenizing: an over-long text costs nothing
         encoded = await encode_prompts(req, engine.tokenizer, state.tokenize_limiter)
         plan = make_plan(
             req, info, engine.tokenizer, request_id=f"cmpl-{rid or unique}", created=int(time.time()),
