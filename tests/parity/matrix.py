@@ -163,6 +163,27 @@ def _cases() -> list[Case]:
         _req(prompt=list(range(3, 1027)), max_tokens=0, echo=True))
     add("prompt fills the context, echo max_tokens 0, streamed", "errors",
         _req(prompt=list(range(3, 1027)), max_tokens=0, echo=True, stream=True), deviation="eager_validation")
+    # -- truncate_prompt_tokens and the text-length bound (vLLM 0.32's TokenizeParams rules)
+    long_ids = list(range(3, 1103))  # 1100 tokens
+    add("truncate token ids", "truncation",
+        _req(prompt=IDS2, truncate_prompt_tokens=2, echo=True, return_token_ids=True, max_tokens=2))
+    add("truncate token ids from the right", "truncation",
+        _req(prompt=IDS2, truncate_prompt_tokens=2, truncation_side="right", return_token_ids=True, max_tokens=2))
+    add("truncate a text, echoed", "truncation", _req(prompt=TEXT, truncate_prompt_tokens=3, echo=True, max_tokens=2))
+    add("truncate a text from the left side", "truncation",
+        _req(prompt=TEXT, truncate_prompt_tokens=3, truncation_side="left", return_token_ids=True, max_tokens=2))
+    add("truncate a text, echoed with logprobs", "truncation",
+        _req(prompt=TEXT, truncate_prompt_tokens=3, echo=True, logprobs=1, max_tokens=2))
+    add("truncate -1: the context less one", "truncation", _req(prompt=long_ids, truncate_prompt_tokens=-1, max_tokens=5))
+    add("truncate over the room max_tokens leaves", "truncation",
+        _req(prompt=list(range(3, 103)), truncate_prompt_tokens=1000, max_tokens=100, ignore_eos=True))
+    add("truncate to the whole context", "errors", _req(prompt=long_ids, truncate_prompt_tokens=1024, max_tokens=5))
+    add("truncate over the context", "errors", _req(prompt=long_ids, truncate_prompt_tokens=1025, max_tokens=5))
+    add("truncation_side not left or right", "errors", _req(prompt=IDS, truncation_side="middle"))
+    add("text over the character bound", "errors", _req(prompt="x" * 40000, max_tokens=5))
+    add("text over the character bound in a batch", "errors", _req(prompt=[TEXT, "x" * 40000], max_tokens=5))
+    add("text over the character bound, truncated", "truncation",
+        _req(prompt="x" * 40000, truncate_prompt_tokens=10, max_tokens=3))
     add("max_tokens over the context", "errors", _req(prompt=TEXT, max_tokens=5000))
     add("max_tokens 0 without echo", "errors", _req(prompt=TEXT, max_tokens=0))
     add("max_tokens -1", "errors", _req(prompt=TEXT, max_tokens=-1))
