@@ -117,20 +117,16 @@ def _fit(params: SamplingParams, prompt_len: int, limit: int, i: int, req: Compl
     return attrs.evolve(params, max_tokens=room)
 
 
-def _truncate(
-    ids: tuple[int, ...], keep: int, prompt: object, tokenizer: Tokenizer, req: CompletionRequest
-) -> tuple[int, ...]:
+def _truncate(ids: tuple[int, ...], keep: int, side: str | None, specials: tuple[int, ...]) -> tuple[int, ...]:
     """``truncate_prompt_tokens`` as vLLM 0.32 applies it: ``truncation_side`` "right" keeps the
     first ``keep`` tokens, "left" (and the default) the last. With no side given, vLLM lets the
-    tokenizer truncate a text prompt, and the tokenizer keeps the special tokens it adds (BOS)
-    and cuts the text's own tokens; braid does the same for special tokens that come first."""
-    if req.truncation_side == "right":
+    tokenizer truncate a text prompt, and the tokenizer keeps the special tokens it adds and cuts
+    the text's own tokens: ``specials`` is what it adds in front (BOS), ``()`` for token prompts."""
+    if side == "right":
         return ids[:keep]
-    if req.truncation_side is None and isinstance(prompt, TextPrompt) and req.add_special_tokens:
-        content = tuple(tokenizer.encode(prompt.text, add_special_tokens=False))
-        specials = len(ids) - len(content)
-        if 0 < specials < keep and ids[specials:] == content:
-            return ids[:specials] + content[len(content) - (keep - specials) :]
+    n = len(specials)
+    if side is None and 0 < n < keep and ids[:n] == specials:
+        return ids[:n] + ids[len(ids) - (keep - n) :]
     return ids[-keep:]
 
 
@@ -194,6 +190,7 @@ def make_plan(
     keep = req.truncate_prompt_tokens
     if keep == -1:
         keep = limit - 1  # vLLM: the whole context less one token of room for the output
+    specials: tuple[int, ...] | None = None
     items = []
     for i, prompt in enumerate(req.prompts):
         if isinstance(prompt, TextPrompt):
@@ -203,7 +200,12 @@ def make_plan(
         else:
             ids = prompt.token_ids
         if keep is not None and keep < len(ids):
-            ids = _truncate(ids, keep, prompt, tokenizer, req)
+            text_specials = ()
+            if isinstance(prompt, TextPrompt) and req.add_special_tokens:
+                if specials is None:  # what the tokenizer adds to any text, once per request
+                    specials = tuple(tokenizer.encode("", add_special_tokens=True))
+                text_specials = specials
+            ids = _truncate(ids, keep, req.truncation_side, text_specials)
         if not ids:
             raise InvalidRequest(f"prompt[{i}]: the decoder prompt cannot be empty.")
         item_params = _fit(params, len(ids), limit, i, req)

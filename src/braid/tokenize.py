@@ -11,8 +11,8 @@ the Trio thread, and with it every other stream of the server: 1024 prompts of ~
   Face backend releases the GIL while it encodes, so the Trio thread keeps serving.
 
 Cancellation (client gone, drain): the thread cannot be stopped, so the request waits for it
-and ``encode_prompts`` raises ``Cancelled`` when it returns: a bounded wait (the encoding time) with no thread
-left behind. No engine request exists yet, so nothing is left to abort.
+and ``encode_prompts`` raises ``Cancelled`` when it returns: a bounded wait (the encoding time)
+with no thread left behind. No engine request exists yet, so nothing is left to abort.
 """
 
 from __future__ import annotations
