@@ -10,7 +10,7 @@ import trio
 
 from braid.engine.base import ChoiceDelta, EngineOutput, EngineRequest
 from braid.engine.scripted import ScriptedEngine
-from braid.http.body import CompletionStream
+from braid.http.body import GATHER_ROUNDS, CompletionStream, _gather
 from braid.merge import StreamMerger
 from braid.metrics import Metrics
 from braid.encode import HEARTBEAT
@@ -36,6 +36,40 @@ async def test_ready_events_are_coalesced_into_one_send() -> None:
     assert sum(1 for e in events if isinstance(e, dict)) == 16 * 16
     assert len(sends) < 16 * 16 / 4  # many events per body send under load
     assert events[-1] == "[DONE]"
+
+
+async def test_a_producer_faster_than_the_sends_is_sent_a_few_events_per_chunk() -> None:
+    # One prompt at zero delay makes one token per scheduler round: without gathering, each
+    # chunk would carry one event (one body send per token).
+    engine = ScriptedEngine(token_delay=0.0)
+    plan = plan_for(engine, b'{"prompt": "x", "max_tokens": 64, "ignore_eos": true, "stream": true}')
+    body = CompletionStream(CompletionRun(engine, plan, Metrics()), StreamMerger(plan, engine.tokenizer), heartbeat=15)
+    sends = await _drain(body)
+    per_chunk = [len(parse_sse(s)) for s in sends]
+    assert sum(per_chunk) == 64 + 1
+    # trio runs each round's tasks in a random order, so a round may end a gathering early:
+    # 300 runs took 14 to 25 sends (one event per send would be 65)
+    assert len(sends) <= 32
+    assert max(per_chunk) <= GATHER_ROUNDS + 2  # what was ready (at most 2), then 1 per round
+
+
+class _EndlessRun:
+    """A run whose producers always have another output by the next round."""
+
+    def __init__(self) -> None:
+        self.takes = 0
+
+    def take_ready(self) -> list[object]:
+        self.takes += 1
+        return [("arrival", self.takes), TICK]
+
+
+async def test_gathering_stops_after_its_rounds_even_if_outputs_keep_coming() -> None:
+    run = _EndlessRun()
+    arrivals: list[object] = [("arrival", 0)]
+    with trio.fail_after(5):
+        await _gather(run, arrivals)  # type: ignore[arg-type]
+    assert arrivals == [("arrival", i) for i in range(GATHER_ROUNDS + 1)]  # ticks dropped
 
 
 async def test_idle_stream_sends_one_event_per_send(autojump_clock: trio.testing.MockClock) -> None:

@@ -5,7 +5,9 @@ run's nursery lives between ``__aenter__`` and ``__aexit__`` and ``__anext__`` i
 no nursery or cancel scope is held across a ``yield`` (trio forbids that in async generators).
 
 Each ``__anext__`` returns every event that is ready as one body chunk: one event when the stream
-is idle, many under load, because each body send costs far more than encoding an event. When
+is idle, many under load, because each body send costs far more than encoding an event. Once it
+has an event it gathers for a few scheduler rounds more while the producers keep adding (a
+producer faster than the sends; see :func:`_gather`), never waiting on a clock. When
 nothing arrives for ``heartbeat`` seconds it returns an SSE comment, which keeps proxies from
 timing out an idle stream. When the client disconnects, quart cancels this task; ``__aexit__``
 then aborts every engine request of the run before it returns.
@@ -20,8 +22,11 @@ from quart.wrappers.response import ResponseBody
 
 from braid.encode import HEARTBEAT
 from braid.errors import BraidError
-from braid.merge import Phase, StreamMerger
+from braid.merge import Arrival, Phase, StreamMerger
 from braid.run import TICK, CompletionRun
+
+GATHER_ROUNDS = 4
+"""At most this many scheduler rounds gather a chunk's events (see :func:`_gather`)."""
 
 
 class CompletionStream(ResponseBody):
@@ -49,9 +54,6 @@ class CompletionStream(ResponseBody):
         idle_from: float | None = None  # when this call first waited: outputs that encode to
         # nothing (merger.feed -> b"") must not restart the heartbeat period
         while merger.phase is Phase.STREAMING:
-            # The checkpoint lets producers add what they have; outputs already waiting are
-            # then taken without waiting at all.
-            await trio.lowlevel.checkpoint()
             try:
                 arrivals = run.take_ready()
                 if not arrivals:
@@ -77,7 +79,35 @@ class CompletionStream(ResponseBody):
                 return merger.finish()
             except BraidError as err:
                 return merger.fail(err)
+            await _gather(run, arrivals)
             data = merger.feed(arrivals)
             if data:
                 return data
         raise StopAsyncIteration
+
+
+async def _gather(run: CompletionRun, arrivals: list[Arrival]) -> None:
+    """Add to ``arrivals`` what the producers add while they keep adding, for a few rounds.
+
+    Each round is one checkpoint: every task that is runnable now runs once, so a driver whose
+    output is already in hand hands it over. The gathering stops at the first round that brings
+    nothing (under a real engine, almost always the first: outputs come once per engine step) or
+    after :data:`GATHER_ROUNDS`, so it never waits on a clock. One body send costs far more than
+    a round, so a producer that is faster than the sends gets its events sent together. (trio
+    runs a round's tasks in a random order, so a round that runs the consumer before a producer
+    ends the gathering early; waiting for a second empty round would cost every chunk of a real
+    engine's streams a task switch more.)
+
+    Always checkpoints at least once (the fast send path does not). The end of the channel and
+    the run's error are left for the next :meth:`CompletionRun.take_ready`, which raises them
+    after what was gathered has been sent, as when they come between two chunks.
+    """
+    for _ in range(GATHER_ROUNDS):
+        await trio.lowlevel.checkpoint()
+        try:
+            more = run.take_ready()
+        except (trio.EndOfChannel, BraidError):
+            return
+        if not more:
+            return
+        arrivals.extend(a for a in more if a is not TICK)  # no wait is open: a tick is stale
