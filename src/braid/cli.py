@@ -80,6 +80,9 @@ def _parser() -> argparse.ArgumentParser:
                    "(seconds): the engine's buffer for the stream stayed full, so a reader too slow to take "
                    "one chunk (up to 64 events) in this time is cut")
     h.add_argument("--heartbeat", type=_positive, default=15.0, help="SSE comment after this many idle seconds")
+    h.add_argument("--enable-prompt-tokens-details", action="store_true",
+                   help="usage reports prompt_tokens_details.cached_tokens: the prompt tokens found in the "
+                   "engine's prefix cache, summed over a batch's prompts")
     h.add_argument("--graceful-timeout", type=float, default=10.0, help="drain time after SIGTERM (seconds)")
     h.add_argument("--keep-alive", type=float, default=75.0, help="idle keep-alive timeout (seconds)")
     h.add_argument("--access-log", action="store_true")
@@ -183,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         max_choices=args.max_choices,
         stall_timeout=args.stall_timeout,
         heartbeat=args.heartbeat,
+        prompt_tokens_details=args.enable_prompt_tokens_details,
     )
     cfg = ServerConfig(
         args.host, args.port, args.graceful_timeout, args.keep_alive, args.access_log, fast_send=not args.stock_send

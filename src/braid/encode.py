@@ -25,6 +25,8 @@ _encode = msgspec.json.Encoder().encode
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int | None = None
+    """``prompt_tokens_details.cached_tokens``; None: not reported (the server's default)."""
 
     @property
     def total_tokens(self) -> int:
@@ -77,12 +79,21 @@ class SseEncoder:
         return self._head + _encode(_stream_choice(c)) + tail
 
     def usage(self, usage: Usage) -> bytes:
-        return self._head + b'],"usage":' + _encode(usage.as_dict()) + b"}\n\n"
+        body = usage.as_dict()
+        if usage.cached_tokens is not None:  # vLLM's final usage chunk drops the details' nulls
+            body["prompt_tokens_details"] = {"cached_tokens": usage.cached_tokens}  # type: ignore[assignment]
+        return self._head + b'],"usage":' + _encode(body) + b"}\n\n"
 
     @staticmethod
     def error(err: BraidError) -> bytes:
         # vLLM writes error events with json.dumps (spaced, ASCII-escaped), unlike chunks.
         return b"data: " + json.dumps(err.body()).encode() + b"\n\n"
+
+
+def _prompt_details(usage: Usage) -> dict[str, int | None] | None:
+    if usage.cached_tokens is None:
+        return None
+    return {"cached_tokens": usage.cached_tokens, "created_cache_tokens": None, "multimodal_tokens": None}
 
 
 def completion_body(meta: ResponseMeta, choices: list[dict[str, object]], usage: Usage) -> bytes:
@@ -95,7 +106,7 @@ def completion_body(meta: ResponseMeta, choices: list[dict[str, object]], usage:
             "choices": choices,
             "service_tier": None,
             "system_fingerprint": None,
-            "usage": {**usage.as_dict(), "prompt_tokens_details": None, "completion_tokens_details": None},
+            "usage": {**usage.as_dict(), "prompt_tokens_details": _prompt_details(usage), "completion_tokens_details": None},
             "kv_transfer_params": None,
             "ec_transfer_params": None,
             "metrics": None,

@@ -73,7 +73,7 @@ class StreamMerger:
             raise ProtocolViolation("the stream ended before every choice finished")
         self.phase = Phase.DONE
         if self.plan.include_usage:
-            return self._sse.usage(Usage(self.plan.prompt_tokens, self._renderer.completion_tokens)) + DONE
+            return self._sse.usage(_usage(self.plan, self._renderer)) + DONE
         return DONE
 
     def fail(self, err: BraidError) -> bytes:
@@ -147,8 +147,13 @@ class ResponseCollector:
                     "routed_experts": None,
                 }
             )
-        usage = Usage(plan.prompt_tokens, self._renderer.completion_tokens)
-        return completion_body(plan.meta, choices, usage)
+        return completion_body(plan.meta, choices, _usage(plan, self._renderer))
+
+
+def _usage(plan: Plan, renderer: ChoiceRenderer) -> Usage:
+    """The request's usage, summed over its prompts (cached tokens too: vLLM reports one prompt's)."""
+    cached = renderer.cached_tokens if plan.cached_tokens else None
+    return Usage(plan.prompt_tokens, renderer.completion_tokens, cached)
 
 
 __all__ = ["Arrival", "Phase", "ProtocolViolation", "ResponseCollector", "StreamMerger"]

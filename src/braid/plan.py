@@ -47,6 +47,8 @@ class Plan:
     continuous_usage: bool
     return_token_ids: bool
     tokens_as_ids: bool
+    cached_tokens: bool = False
+    """Report ``prompt_tokens_details.cached_tokens`` (the server's ``--enable-prompt-tokens-details``)."""
 
     @property
     def num_choices(self) -> int:
@@ -172,6 +174,7 @@ def make_plan(
     created: int,
     engine_request_id: str | None = None,
     encoded: Mapping[int, tuple[int, ...]] | None = None,
+    cached_tokens: bool = False,
 ) -> Plan:
     """Tokenize every prompt and check it fits the context, or raise :class:`InvalidRequest`.
 
@@ -179,7 +182,8 @@ def make_plan(
     (default: the same prefix). It must be unique among running requests: a batch abort names
     engine requests by these ids, and ``request_id`` may be the client's own. ``encoded`` holds
     text prompts' token ids by prompt index (:func:`braid.tokenize.encode_prompts`); a text
-    prompt missing from it is encoded here.
+    prompt missing from it is encoded here. ``cached_tokens``: the usage reports the prompt tokens
+    found in the engine's prefix cache.
     """
     encoded = encoded or {}
     check_limits(req, info, tokenizer)
@@ -231,4 +235,5 @@ def make_plan(
         continuous_usage=req.continuous_usage,
         return_token_ids=req.return_token_ids,
         tokens_as_ids=req.return_tokens_as_token_ids,
+        cached_tokens=cached_tokens,
     )

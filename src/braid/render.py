@@ -110,10 +110,21 @@ class ChoiceRenderer:
     tokenizer: Tokenizer
     _choices: list[_ChoiceState] = attrs.field(init=False)
     _prompt_steps: list[tuple[TopLogprobs | None, ...] | None] = attrs.field(init=False)
+    _cached: dict[int, int] = attrs.field(init=False, factory=dict)  # by prompt: its first report
 
     def __attrs_post_init__(self) -> None:
         self._choices = [_ChoiceState() for _ in range(self.plan.num_choices)]
         self._prompt_steps = [None] * len(self.plan.items)
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens served from the engine's prefix cache, summed over the prompts.
+
+        Counted once per prompt, like ``prompt_tokens``: the first value reported for it (with
+        ``n > 1`` the choices of a prompt share it; a later choice may find more of it cached,
+        but the prompt was read once).
+        """
+        return sum(self._cached.values())
 
     @property
     def completion_tokens(self) -> int:
@@ -127,6 +138,8 @@ class ChoiceRenderer:
         plan = self.plan
         if output.prompt_logprobs is not None:
             self._prompt_steps[prompt_idx] = output.prompt_logprobs
+        if output.num_cached_tokens is not None and prompt_idx not in self._cached:
+            self._cached[prompt_idx] = output.num_cached_tokens
         prompt_ids = output.prompt_token_ids
         chunks = []
         for delta in output.choices:

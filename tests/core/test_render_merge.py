@@ -15,7 +15,7 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from braid.engine.base import EngineOutput, Logprob
+from braid.engine.base import ChoiceDelta, EngineOutput, Logprob
 from braid.engine.scripted import BOS, EOS, VOCAB_SIZE, ByteTokenizer, ScriptedEngine
 from braid.errors import EngineError, InvalidRequest
 from braid.merge import Arrival, Phase, ProtocolViolation, ResponseCollector, StreamMerger
@@ -834,3 +834,55 @@ def test_property_stream_equals_non_stream(body: dict, seed: int) -> None:
                 assert lp["text_offset"] == cumulative_offsets(lp["tokens"])
         if body.get("stop") and not body.get("include_stop_str_in_output"):
             assert not any(s in exp.text[g] for s in body["stop"])
+
+
+# --- cached tokens (--enable-prompt-tokens-details) ---------------------------------------------
+
+
+def _cached_outputs(plan: Plan) -> list[Arrival]:
+    """Prompt 0 reports 16 cached tokens, then (its second choice) 32; prompt 1 reports 0 on
+    every output; prompt 2 reports nothing."""
+    reports = {0: [16, 32], 1: [0, 0], 2: [None, None]}
+    arrivals: list[Arrival] = []
+    for item in plan.items:
+        ids = item.request.prompt_token_ids
+        for k, cached in enumerate(reports[item.prompt_idx]):
+            delta = ChoiceDelta(k, "z", (ids_of("z")[0],), None, "length")
+            arrivals.append((item.prompt_idx, EngineOutput(ids, (delta,), k == 1, None, cached)))
+    return arrivals
+
+
+def _cached_plan(*, stream: bool, report: bool) -> Plan:
+    body = {"prompt": ["abc", "de", "f"], "n": 2, "max_tokens": 1, "stream": stream,
+            "stream_options": {"include_usage": True} if stream else None}
+    req = parse_request(json.dumps(body).encode(), LIMITS)
+    engine = ScriptedEngine()
+    return make_plan(req, engine.info, engine.tokenizer, request_id="cmpl-test", created=1, cached_tokens=report)
+
+
+def test_cached_tokens_are_summed_over_the_prompts_once_per_prompt() -> None:
+    plan = _cached_plan(stream=False, report=True)
+    collector = ResponseCollector(plan, TOK)
+    collector.feed(_cached_outputs(plan))
+    usage = json.loads(collector.body())["usage"]
+    assert usage["prompt_tokens"] == 4 + 3 + 2
+    # vLLM 0.32's shape; 16 + 0: a prompt's first report counts, and a prompt with none adds 0
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 16, "created_cache_tokens": None, "multimodal_tokens": None}
+
+    plan = _cached_plan(stream=True, report=True)
+    merger = StreamMerger(plan, TOK)
+    merger.feed(_cached_outputs(plan))
+    final = parse_sse(merger.finish())[0]
+    assert final["usage"] == {"prompt_tokens": 9, "total_tokens": 15, "completion_tokens": 6,
+                              "prompt_tokens_details": {"cached_tokens": 16}}
+
+
+def test_cached_tokens_are_not_reported_unless_the_server_enables_them() -> None:
+    plan = _cached_plan(stream=False, report=False)
+    collector = ResponseCollector(plan, TOK)
+    collector.feed(_cached_outputs(plan))
+    assert json.loads(collector.body())["usage"]["prompt_tokens_details"] is None
+    plan = _cached_plan(stream=True, report=False)
+    merger = StreamMerger(plan, TOK)
+    merger.feed(_cached_outputs(plan))
+    assert "prompt_tokens_details" not in parse_sse(merger.finish())[0]["usage"]

@@ -1,4 +1,4 @@
-"""The scripted engine's final-only delivery: one output that is the sum of the deltas."""
+"""The scripted engine: final-only delivery (one output that is the sum of the deltas) and its prefix cache."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import trio
 
 from braid.engine.base import EngineOutput, EngineRequest, SamplingParams
-from braid.engine.scripted import ScriptedEngine, join_deltas
+from braid.engine.scripted import PrefixCache, ScriptedEngine, join_deltas
 from braid.errors import EngineError
 
 PARAMS = [
@@ -64,3 +64,31 @@ def test_join_of_one_output_is_itself() -> None:
     ids = tuple(engine.tokenizer.encode("a"))
     one = trio.run(_collect, engine, EngineRequest("o", ids, SamplingParams(max_tokens=1)))
     assert len(one) == 1 and join_deltas(one) == attrs.evolve(one[0])
+
+
+def test_prefix_cache_finds_whole_blocks_in_order_and_never_the_last_token() -> None:
+    cache = PrefixCache(block_size=4)
+    a = list(range(10))  # blocks [0:4] [4:8], and 2 tokens more
+    assert cache.read(a) == 0
+    assert cache.read(a) == 8
+    assert cache.read(a[:8]) == 4  # all of it is cached, but the last token is computed again
+    assert cache.read([0, 1, 2, 3, 9, 9, 9, 9, 4, 5, 6, 7, 1]) == 4  # block 1 differs: block 2 is not found
+    assert cache.read([9, 1, 2, 3, 4, 5, 6, 7, 1]) == 0  # a block is found only after the ones before it
+    assert cache.read([0, 1, 2]) == 0  # no whole block
+
+
+def test_prefix_cache_forgets_everything_at_capacity() -> None:
+    cache = PrefixCache(block_size=2, capacity=4)
+    cache.read([1, 2, 3, 4, 5, 6, 7, 8, 0])  # 4 blocks: full
+    assert cache.read([1, 2, 3, 4, 0]) == 0  # cleared first, then cached again
+    assert cache.read([1, 2, 3, 4, 0]) == 4
+
+
+async def test_every_output_reports_the_prompts_cached_tokens() -> None:
+    engine = ScriptedEngine()
+    ids = tuple(engine.tokenizer.encode("x" * 40))  # BOS + 40: two whole 16-token blocks, then 9
+    first = await _collect(engine, EngineRequest("a", ids, PARAMS[0]))
+    again = await _collect(engine, EngineRequest("b", ids, PARAMS[0]))
+    final = await _collect(engine, EngineRequest("c", ids, PARAMS[0], final_only=True))
+    assert {o.num_cached_tokens for o in first} == {0}
+    assert {o.num_cached_tokens for o in again} == {32} and [o.num_cached_tokens for o in final] == [32]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.conftest import LiveServer, parse_sse
+from tests.conftest import LiveServer, parse_sse, start_server
 
 pytestmark = pytest.mark.usefixtures("server")
 
@@ -297,3 +297,22 @@ async def test_a_text_over_the_character_bound_is_refused_without_tokenizing(cli
     r = await client.post("/v1/completions", json={"prompt": ["ok", "x" * (bound + 1)], "max_tokens": 2})
     assert r.status_code == 400 and r.json()["error"]["param"] == "input_text"
     assert tok.threads == []  # neither prompt was tokenized
+
+
+async def test_enabled_prompt_tokens_details_sum_the_cached_tokens_of_a_batch(nursery) -> None:  # type: ignore[no-untyped-def]
+    server = await start_server(nursery, prompt_tokens_details=True)
+    seen = "a" * 47  # BOS + 47 = 48 ids: three 16-token blocks
+    batch = [seen, "a" * 20 + "b" * 30, "short", seen + "c"]
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
+        first = await c.post("/v1/completions", json={"prompt": seen, "max_tokens": 2})
+        assert first.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        whole = await c.post("/v1/completions", json={"prompt": batch, "max_tokens": 2})
+        # 32 (the last block holds the last token), 16, 0, 48; vLLM 0.32 reports one prompt's
+        assert whole.json()["usage"]["prompt_tokens_details"] == {
+            "cached_tokens": 32 + 16 + 0 + 48, "created_cache_tokens": None, "multimodal_tokens": None,
+        }
+        body = {"prompt": batch, "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}
+        events = parse_sse((await c.post("/v1/completions", json=body)).content)
+    # the batch has been read once more: now its second prompt's third block is cached too
+    assert events[-2]["usage"]["prompt_tokens_details"] == {"cached_tokens": 32 + 48 + 0 + 48}  # type: ignore[index]
+    server.shutdown.set()

@@ -109,6 +109,8 @@ class EngineOutput:
     choices: tuple[ChoiceDelta, ...]
     finished: bool = False
     prompt_logprobs: tuple[TopLogprobs | None, ...] | None = None
+    num_cached_tokens: int | None = None
+    """How many of the prompt's tokens the engine found in its prefix cache (None: not reported)."""
 
 
 class Tokenizer(Protocol):

@@ -13,6 +13,10 @@ have no effect here. Each token is one delta, produced ``token_delay`` seconds a
 A ``final_only`` request is generated the same way, step by step, and delivered as one output
 when it finishes: the deltas of each choice joined (:func:`join_deltas`).
 
+Every output reports ``num_cached_tokens`` from a :class:`PrefixCache` of 16-token blocks, as
+if each request's prefill ended before the next one's began (requests are read in the order
+they are opened).
+
 Fault hooks, read from the prompt's text (token-id prompts are decoded first):
 
 * ``braid:fail@S`` -- the request raises :class:`~braid.errors.EngineError` after ``S`` tokens.
@@ -128,6 +132,7 @@ class _Generation:
     token_delay: float
     fail_after: int | None
     invalid: bool
+    cached_tokens: int = 0
     finished: bool = False
 
     def _next_token(self, choice: _Choice) -> int:
@@ -203,7 +208,7 @@ class _Generation:
             produced += 1
             done = all(c.finished for c in choices)
             self.finished = done
-            yield EngineOutput(ids, deltas, done, prompt_logprobs)
+            yield EngineOutput(ids, deltas, done, prompt_logprobs, self.cached_tokens)
             prompt_logprobs = None
             if done:
                 return
@@ -224,7 +229,35 @@ def join_deltas(outputs: Sequence[EngineOutput]) -> EngineOutput:
             None if lps is None else tuple(lps), ds[-1].finish_reason, ds[-1].stop_reason,
         ))
     first, last = outputs[0], outputs[-1]
-    return EngineOutput(first.prompt_token_ids, tuple(choices), last.finished, first.prompt_logprobs)
+    return EngineOutput(first.prompt_token_ids, tuple(choices), last.finished, first.prompt_logprobs, first.num_cached_tokens)
+
+
+@attrs.define(eq=False)
+class PrefixCache:
+    """Which prompt prefixes, in whole blocks, earlier requests have read (vLLM's rule: a block
+    is found only after every block before it, and the prompt's last token is always computed).
+
+    Blocks are keyed by a chained hash, so a lookup costs one hash per block. When it holds
+    ``capacity`` blocks it forgets them all, which keeps a long-running test server bounded.
+    """
+
+    block_size: int = 16
+    capacity: int = 1 << 16
+    _blocks: set[int] = attrs.field(factory=set)
+
+    def read(self, ids: Sequence[int]) -> int:
+        """The number of ``ids`` found cached; then every whole block of ``ids`` is cached."""
+        if len(self._blocks) >= self.capacity:
+            self._blocks.clear()
+        cached, key, hit, b = 0, 0, True, self.block_size
+        for end in range(b, len(ids) + 1, b):
+            key = hash((key, tuple(ids[end - b : end])))
+            if hit and key in self._blocks and end < len(ids):
+                cached = end
+            else:
+                hit = False
+            self._blocks.add(key)
+        return cached
 
 
 @attrs.define(eq=False)
@@ -242,6 +275,7 @@ class ScriptedEngine:
     aborted_ids: list[str] = attrs.field(factory=list)
     failed_total: int = 0
     batch_aborts: list[tuple[str, ...]] = attrs.field(factory=list)
+    prefix_cache: PrefixCache = attrs.field(factory=PrefixCache)
 
     @property
     def aborted_total(self) -> int:
@@ -258,7 +292,10 @@ class ScriptedEngine:
             raise EngineUnavailable("The engine is not running.")
         text = self.tokenizer.decode(request.prompt_token_ids)
         fail = _FAIL.search(text)
-        gen = _Generation(request, self.token_delay, int(fail.group(1)) if fail else None, "braid:invalid" in text)
+        gen = _Generation(
+            request, self.token_delay, int(fail.group(1)) if fail else None, "braid:invalid" in text,
+            self.prefix_cache.read(request.prompt_token_ids),
+        )
         outputs = gen.final_output() if request.final_only else gen.outputs()
         self.in_flight += 1
         failed = False

@@ -44,6 +44,8 @@ class Settings:
     # Both > 0: a heartbeat of 0 would make every stream's clock spin (braid.run).
     stall_timeout: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
     heartbeat: float = attrs.field(default=15.0, validator=attrs.validators.gt(0))
+    # vLLM's --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens
+    prompt_tokens_details: bool = False
 
 
 @attrs.define(eq=False)
@@ -138,6 +140,7 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
         plan = make_plan(
             req, info, engine.tokenizer, request_id=f"cmpl-{rid or unique}", created=int(time.time()),
             engine_request_id=f"cmpl-{rid}-{unique[:8]}" if rid else None, encoded=encoded,
+            cached_tokens=settings.prompt_tokens_details,
         )
         run = CompletionRun(engine, plan, state.metrics, buffer=settings.buffer, stall_timeout=settings.stall_timeout)
         if plan.stream:
