@@ -179,7 +179,8 @@ def run(quick: bool) -> Section:
         table(["prompts", "braid", "vLLM server", "braid (stream)", "vLLM server (stream)", "engine core: braid",
                "engine core: vLLM", "engine core: braid (stream)", "engine core: vLLM (stream)"], mem_rows),
         "",
-        "Both servers run AsyncLLM, whose engine core is always a separate process; "
+        "In both servers the engine core is a separate process (vLLM's server runs AsyncLLM; braid drives the "
+        "engine core from its own thread, `braid.engine.vllm_core`); "
         "`VLLM_ENABLE_V1_MULTIPROCESSING=0` (set by `tools.servers`) only keeps the model runner inside that "
         "process (the `uni` executor) instead of a third one. So the front-end column is the front end's own memory.",
         f"Machine: 2 cores shared with another engineer's runs; load average {load_before[0]:.1f} at start, "
