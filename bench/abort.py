@@ -21,9 +21,10 @@ What is measured and how:
 
 Why not the gauges alone (read from vLLM 0.32's source):
 
-* ``braid_engine_unfinished_requests`` calls ``AsyncLLM.get_num_unfinished_requests()``, which is
-  the front end's ``OutputProcessor`` count. ``AsyncLLM.abort`` removes the request there
-  *before* it sends the abort to the engine core, so this gauge can reach 0 while the engine
+* ``braid_engine_unfinished_requests`` is the front end's ``OutputProcessor`` count (braid's
+  engine-core client, ``braid.engine.vllm_core``, keeps vLLM's ``OutputProcessor``, as
+  ``AsyncLLM`` does). An abort removes the request there *before* it sends the abort to the
+  engine core, so this gauge can reach 0 while the engine
   core is still running a step for the aborted requests: it can read early.
 * ``vllm:num_requests_running/waiting`` are set by ``PrometheusStatLogger.record`` in AsyncLLM's
   output handler from the ``SchedulerStats`` the engine core attaches to every step's outputs
@@ -204,7 +205,7 @@ def run(quick: bool) -> Section:
         Target("braid abort latency p99 (close -> engine core idle)", b_p99, 50, False, " ms",
                why_missed=f"braid p50 {percentile(b_passive, 50):.0f} / p99 {b_p99:.0f} ms vs vLLM's server "
                           f"p50 {percentile(v_passive, 50):.0f} / p99 {percentile(v_passive, 99):.0f} ms on the same "
-                          f"engine; in polled trials braid's own gauges (its drivers and AsyncLLM's front-end count) "
+                          f"engine; in polled trials braid's own gauges (its drivers and its OutputProcessor's count) "
                           f"reached 0 after a median {statistics.median(r['gauge_ms'] for r in b_polled):.0f} ms of "
                           f"{statistics.median(r['engine_ms'] for r in b_polled):.0f} ms to engine idle, so most of the "
                           f"time passes before braid's front end has dropped the requests "
@@ -227,8 +228,9 @@ def run(quick: bool) -> Section:
         table(["server", "trials", "gauge p50", "gauge p99", "engine p50", "engine p99", "gauge − engine (median)",
                "min / max", "one scrape (ms)"], poll_rows),
         "",
-        "How the gauges are updated (vLLM 0.32 source): braid's `braid_engine_unfinished_requests` reads AsyncLLM's "
-        "`OutputProcessor` count, which `AsyncLLM.abort` clears *before* the abort reaches the engine core, so it can "
+        "How the gauges are updated (vLLM 0.32 source): braid's `braid_engine_unfinished_requests` reads the count of "
+        "vLLM's `OutputProcessor` in braid's engine-core client, which an abort clears *before* the abort reaches the "
+        "engine core (as `AsyncLLM.abort` does), so it can "
         "read 0 while the engine still runs a step (early); `vllm:num_requests_running/waiting` are set from the "
         "`SchedulerStats` the engine core attaches to every step's outputs (per engine step, not by the 10 s logging "
         "stats logger), so they reach 0 one engine-core -> front-end hop after the idle step, plus the scrape (late). "

@@ -14,7 +14,8 @@ What is measured and how:
   then VmHWM reset (``echo 5 > /proc/PID/clear_refs``) and read after the response; the largest
   growth over the repetitions is reported (Python keeps freed memory, so the first one is
   usually the largest). The engine runs in a separate ``VLLM::EngineCore`` child process for
-  both servers (AsyncLLM always starts one; ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` only keeps the
+  both servers (vLLM's AsyncLLM and braid's engine-core client both start one;
+  ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` only keeps the
   model runner inside that process instead of a third one), so the front-end figure holds no
   model or KV-cache memory; the EngineCore's growth is shown alongside.
 """

@@ -110,8 +110,8 @@ def _restore(saved: dict[str, str | None]) -> None:
 
 
 def engine_pids(server: Any) -> list[int]:
-    """Child processes of a server, from every thread (braid starts vLLM's EngineCore process,
-    which runs the model, from its asyncio thread)."""
+    """Child processes of a server, from every thread (with ``--engine-client asyncio`` braid
+    starts vLLM's EngineCore process, which runs the model, from its asyncio thread)."""
     pids: list[int] = []
     for task in Path(f"/proc/{server.pid}/task").iterdir():
         try:
