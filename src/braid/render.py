@@ -117,14 +117,16 @@ class ChoiceRenderer:
         self._prompt_steps = [None] * len(self.plan.items)
 
     @property
-    def cached_tokens(self) -> int:
-        """Prompt tokens served from the engine's prefix cache, summed over the prompts.
+    def cached_tokens(self) -> int | None:
+        """Prompt tokens served from the engine's prefix cache, summed over the prompts (None if
+        no output reported any, as vLLM leaves the details out then).
 
-        Counted once per prompt, like ``prompt_tokens``: the first value reported for it (with
-        ``n > 1`` the choices of a prompt share it; a later choice may find more of it cached,
-        but the prompt was read once).
+        Counted once per prompt, like ``prompt_tokens``: the first value reported for it. With
+        ``n > 1`` vLLM reports per choice, and a later choice finds the prompt's blocks cached by
+        the first; a stream takes the first choice's report, a non-streamed body the one vLLM
+        puts on the prompt's single final output (its last choice's), so the two can differ.
         """
-        return sum(self._cached.values())
+        return sum(self._cached.values()) if self._cached else None
 
     @property
     def completion_tokens(self) -> int:

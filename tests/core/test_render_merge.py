@@ -886,3 +886,11 @@ def test_cached_tokens_are_not_reported_unless_the_server_enables_them() -> None
     merger = StreamMerger(plan, TOK)
     merger.feed(_cached_outputs(plan))
     assert "prompt_tokens_details" not in parse_sse(merger.finish())[0]["usage"]
+
+
+def test_cached_tokens_are_left_out_when_no_output_reports_them() -> None:
+    plan = _cached_plan(stream=False, report=True)
+    collector = ResponseCollector(plan, TOK)
+    collector.feed([(i, EngineOutput(o.prompt_token_ids, o.choices, o.finished, None, None))
+                    for i, o in _cached_outputs(plan)])
+    assert json.loads(collector.body())["usage"]["prompt_tokens_details"] is None

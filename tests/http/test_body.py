@@ -149,3 +149,48 @@ async def test_an_output_that_encodes_to_nothing_does_not_restart_the_heartbeat(
     # idle from 0: the ping is due at 10 s even though an (empty) output came at 6 s
     assert sends[0] == (10, HEARTBEAT)
     assert [t for t, _ in sends[1:]] == [15, 15]
+
+
+class _TimedArrivals:
+    """A run that delivers fixed batches of arrivals at fixed times (no clock task: the ticks are
+    in the batches), so a test can put a tick and an output in the same batch."""
+
+    def __init__(self, batches: list[tuple[float, list[object]]]) -> None:
+        self.batches = batches
+        self.heartbeat: float | None = None
+        self.waiting_since: float | None = None
+
+    def take_ready(self) -> list[object]:
+        if not self.batches:
+            raise trio.EndOfChannel
+        when, batch = self.batches[0]
+        if trio.current_time() < when:
+            return []
+        self.batches.pop(0)
+        return list(batch)
+
+    async def receive_ready(self) -> list[object]:
+        if self.batches:
+            await trio.sleep_until(self.batches[0][0])
+        return self.take_ready()
+
+
+async def test_a_tick_that_comes_with_outputs_encoding_to_nothing_still_pings(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The clock ticks once per wait; here its tick and an empty output end the wait together,
+    # and the stream must not stay silent until the next token (at 25 s).
+    engine = ScriptedEngine()
+    plan = plan_for(engine, b'{"prompt": "x", "max_tokens": 1, "stream": true}')
+    ids = plan.items[0].request.prompt_token_ids
+    empty = (0, EngineOutput(ids, (ChoiceDelta(0, "", ()),)))
+    last = (0, EngineOutput(ids, (ChoiceDelta(0, "z", (90,), None, "length"),), finished=True))
+    run = _TimedArrivals([(10, [TICK, empty]), (25, [last])])
+    body = CompletionStream(run, StreamMerger(plan, engine.tokenizer), heartbeat=10)  # type: ignore[arg-type]
+    sends = []
+    async for data in body:
+        sends.append((trio.current_time(), data))
+    assert sends[0] == (10, HEARTBEAT)
+    # the wait after the ping is a fresh period: 25 s comes before its deadline (20 s is the
+    # clock's to tick, and this run has no clock)
+    assert [t for t, data in sends[1:]] == [25, 25]

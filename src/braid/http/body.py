@@ -59,11 +59,23 @@ class CompletionStream(ResponseBody):
                 if not arrivals:
                     # No timeout here: the run's heartbeat clock ends this wait with a TICK once
                     # it has lasted a period (a cancel scope per chunk cost ~9 % of the thread).
+                    resumed = idle_from is not None
                     if idle_from is None:
                         idle_from = trio.current_time()
                     run.waiting_since = since = idle_from
                     try:
-                        arrivals = await run.receive_ready()
+                        if not resumed:
+                            arrivals = await run.receive_ready()
+                        else:
+                            # The idle period goes on after outputs that encoded to nothing (or a
+                            # stale tick). The clock may have ticked for it already (that tick
+                            # came with those outputs) or slept through its deadline while no
+                            # wait was open, so this rare wait keeps its own deadline.
+                            arrivals = []
+                            with trio.move_on_at(idle_from + self._heartbeat):
+                                arrivals = await run.receive_ready()
+                            if not arrivals:
+                                return HEARTBEAT
                     finally:
                         run.waiting_since = None
                 else:
