@@ -71,10 +71,9 @@ class CompletionStream(ResponseBody):
                             # stale tick). The clock may have ticked for it already (that tick
                             # came with those outputs) or slept through its deadline while no
                             # wait was open, so this rare wait keeps its own deadline.
-                            arrivals = []
-                            with trio.move_on_at(idle_from + self._heartbeat):
+                            with trio.move_on_at(idle_from + self._heartbeat) as deadline:
                                 arrivals = await run.receive_ready()
-                            if not arrivals:
+                            if deadline.cancelled_caught:
                                 return HEARTBEAT
                     finally:
                         run.waiting_since = None
