@@ -152,8 +152,7 @@ class ResponseCollector:
 
 def _usage(plan: Plan, renderer: ChoiceRenderer) -> Usage:
     """The request's usage, summed over its prompts (cached tokens too: vLLM reports one prompt's)."""
-    cached = renderer.cached_tokens if plan.cached_tokens else None
-    return Usage(plan.prompt_tokens, renderer.completion_tokens, cached)
+    return Usage(plan.prompt_tokens, renderer.completion_tokens, renderer.cached_tokens)
 
 
 __all__ = ["Arrival", "Phase", "ProtocolViolation", "ResponseCollector", "StreamMerger"]

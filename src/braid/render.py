@@ -118,8 +118,9 @@ class ChoiceRenderer:
 
     @property
     def cached_tokens(self) -> int | None:
-        """Prompt tokens served from the engine's prefix cache, summed over the prompts (None if
-        no output reported any, as vLLM leaves the details out then).
+        """Prompt tokens served from the engine's prefix cache, summed over the prompts; None if
+        the plan does not report them (``Plan.cached_tokens``) or no output reported any, as vLLM
+        leaves the details out then.
 
         Counted once per prompt, like ``prompt_tokens``: the first value reported for it. With
         ``n > 1`` vLLM reports per choice, and a later choice finds the prompt's blocks cached by
@@ -140,8 +141,8 @@ class ChoiceRenderer:
         plan = self.plan
         if output.prompt_logprobs is not None:
             self._prompt_steps[prompt_idx] = output.prompt_logprobs
-        if output.num_cached_tokens is not None and prompt_idx not in self._cached:
-            self._cached[prompt_idx] = output.num_cached_tokens
+        if plan.cached_tokens and output.num_cached_tokens is not None and prompt_idx not in self._cached:
+            self._cached[prompt_idx] = output.num_cached_tokens  # off by default: nothing per output
         prompt_ids = output.prompt_token_ids
         chunks = []
         for delta in output.choices:
