@@ -140,3 +140,26 @@ async def test_drivers_that_run_after_the_run_is_cancelled_open_nothing(autojump
         before = opened()
     assert before <= START_CHUNK and opened() == before  # none opened after the abort
     assert engine.in_flight == 0 and engine.finished_total == 0
+
+
+async def test_a_failure_aborts_siblings_while_every_driver_is_blocked(autojump_clock: trio.testing.MockClock) -> None:
+    """The client reads nothing and every driver waits on the full channel: the engine's report of
+    the failure (not the failing driver's next read) aborts the batch, at the failure's instant."""
+    engine = ScriptedEngine(token_delay=0.01)
+    plan = plan_for(engine, b'{"prompt": ' + PROMPTS + b', "max_tokens": 1000, "ignore_eos": true, "stream": true}')
+    metrics = Metrics()
+    failed_at: list[float] = []
+    run = CompletionRun(engine, plan, metrics, buffer=1, stall_timeout=1000)
+    async with run:
+        with trio.fail_after(5):  # virtual seconds; prompt 2 fails at its 6th token, t = 0.06
+            while not engine.failed_total:
+                await trio.sleep(0.001)
+        failed_at.append(trio.current_time())
+        await trio.testing.wait_all_tasks_blocked()
+        # every driver was blocked long before prompt 2 failed (the channel holds one output)
+        assert failed_at[0] == pytest.approx(0.06, abs=0.002)
+        assert engine.in_flight == 0 and engine.aborted_total == 7
+        assert trio.current_time() == failed_at[0]  # no virtual time passed
+        assert isinstance(run.error, EngineError)
+    assert metrics.registry.get_sample_value("braid_engine_errors_total") == 1
+    assert metrics.registry.get_sample_value("braid_engine_aborts_total") == 7

@@ -9,10 +9,13 @@
   first step (the engine's input processing and the add) is synchronous, and 1024 of them in
   one round had held every other stream of the server up for ~0.3 s. A driver whose chunk
   starts after the run was cancelled opens no engine request.
-* A driver whose engine request fails records the error and cancels the inner nursery at once, so
-  every sibling is aborted immediately, not when the consumer gets round to the error. Only the
-  inner scope is cancelled: the consumer, which runs in the body of the outer nursery, can still
-  write the error event.
+* When an engine request fails, the run records the error and cancels the inner nursery at once,
+  so every sibling is aborted immediately, not when the consumer gets round to the error. The
+  engine reports the failure through the ``on_failure`` handler its driver passes to
+  ``Engine.open_request`` as soon as it knows it, so this holds while the driver itself is
+  blocked on a full channel (a client that reads nothing), at no cost per output. Only the inner
+  scope is cancelled: the consumer, which runs in the body of the outer nursery, can still write
+  the error event.
 * A driver that cannot hand an output to the consumer for ``stall_timeout`` seconds (the client
   stopped reading) fails the run with :class:`~braid.errors.StreamStalled`, which aborts all.
 * ``__aexit__`` with an exception (client disconnect, server drain, any cancellation) cancels
@@ -166,8 +169,16 @@ class CompletionRun:
     async def _drive(self, item: PlanItem, send: trio.MemorySendChannel[Arrival]) -> None:
         m = self.metrics
         finished = False
-        own_failure = False  # the engine ended this request itself: an error, not an abort
+        failed = False  # the engine ended this request itself: an error, not an abort
         request_id = item.request.request_id
+
+        def on_failure(err: BraidError) -> None:
+            # The engine knows before this driver does when the driver is blocked on a full
+            # channel (its client reads nothing): abort the batch now, not when it gets there.
+            nonlocal failed
+            failed = True
+            self.abort_all(err)
+
         with send:
             # Started in a chunk after the run was cancelled: do not open an engine request
             # only to abort it at once.
@@ -176,7 +187,7 @@ class CompletionRun:
             m.engine_requests.inc()
             self._open_ids.add(request_id)
             try:
-                async with self.engine.open_request(item.request) as outputs:
+                async with self.engine.open_request(item.request, on_failure) as outputs:
                     try:
                         async for output in outputs:
                             finished = output.finished
@@ -196,13 +207,15 @@ class CompletionRun:
             except StreamStalled as err:
                 self.abort_all(err)
             except BraidError as err:
-                own_failure = True
-                m.engine_errors.inc()
+                # Reported by on_failure already, or raised only here (a refused add).
+                failed = True
                 self.abort_all(err)
             finally:
                 self._open_ids.discard(request_id)
                 m.in_flight.dec()
-                if not finished and not own_failure:
+                if failed:
+                    m.engine_errors.inc()
+                elif not finished:
                     m.aborts.inc()
 
     async def receive_ready(self) -> list[Arrival]:

@@ -8,7 +8,7 @@ import trio
 
 from braid.engine.base import EngineOutput, EngineRequest, SamplingParams
 from braid.engine.scripted import PrefixCache, ScriptedEngine, join_deltas
-from braid.errors import EngineError
+from braid.errors import BraidError, EngineError, EngineRejected
 
 PARAMS = [
     SamplingParams(max_tokens=30, n=3, seed=7, logprobs=2, prompt_logprobs=1),
@@ -92,3 +92,66 @@ async def test_every_output_reports_the_prompts_cached_tokens() -> None:
     final = await _collect(engine, EngineRequest("c", ids, PARAMS[0], final_only=True))
     assert {o.num_cached_tokens for o in first} == {0}
     assert {o.num_cached_tokens for o in again} == {32} and [o.num_cached_tokens for o in final] == [32]
+
+
+async def test_on_its_own_clock_untaken_deltas_merge_into_one_output(autojump_clock: trio.testing.MockClock) -> None:
+    params = SamplingParams(max_tokens=30, n=2, seed=3, logprobs=1, ignore_eos=True)
+    lockstep = ScriptedEngine()
+    ids = tuple(lockstep.tokenizer.encode("merge me"))
+    steps = await _collect(lockstep, EngineRequest("l", ids, params))
+    assert len(steps) == 30  # lockstep (no delay): one output per token
+
+    engine = ScriptedEngine(token_delay=0.01)
+    async with engine.open_request(EngineRequest("c", ids, params)) as outputs:
+        await trio.sleep(0.105)  # nobody reads: the engine generates 10 steps meanwhile
+        first = await outputs.__anext__()
+        rest = [o async for o in outputs]
+    assert [len(c.token_ids) for c in first.choices] == [10, 10]
+    assert len(rest) == 20 and trio.current_time() == pytest.approx(0.30)
+    assert join_deltas([first, *rest]) == join_deltas(steps)  # the same completion, merged
+    assert engine.finished_total == 1 and engine.in_flight == 0
+
+
+async def test_a_fault_is_reported_when_generated_not_when_read(autojump_clock: trio.testing.MockClock) -> None:
+    engine = ScriptedEngine(token_delay=0.01)
+    ids = tuple(engine.tokenizer.encode("x braid:fail@5"))
+    reported: list[tuple[float, BraidError]] = []
+    request = EngineRequest("f", ids, SamplingParams(max_tokens=50, ignore_eos=True))
+    async with engine.open_request(request, lambda err: reported.append((trio.current_time(), err))) as outputs:
+        await trio.sleep(1)  # nobody reads
+        assert len(reported) == 1 and reported[0][0] == pytest.approx(0.06)
+        assert isinstance(reported[0][1], EngineError)
+        with pytest.raises(EngineError) as raised:  # the error replaces the untaken outputs
+            await outputs.__anext__()
+        assert raised.value is reported[0][1]
+    assert engine.failed_ids == ["f"] and engine.aborted_ids == [] and engine.in_flight == 0
+
+
+async def test_a_late_rejection_is_reported_at_the_first_step(autojump_clock: trio.testing.MockClock) -> None:
+    for delay in (0.0, 0.5):
+        engine = ScriptedEngine(token_delay=delay)
+        ids = tuple(engine.tokenizer.encode("x braid:invalid"))
+        reported: list[BraidError] = []
+        with pytest.raises(EngineRejected):
+            async with engine.open_request(EngineRequest("r", ids, SamplingParams(max_tokens=5)), reported.append) as outputs:
+                await outputs.__anext__()
+        assert len(reported) == 1 and isinstance(reported[0], EngineRejected)
+        assert engine.failed_ids == ["r"]
+
+
+async def test_leaving_early_on_its_own_clock_aborts_and_raises_what_the_block_raised(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    engine = ScriptedEngine(token_delay=0.01)
+    ids = tuple(engine.tokenizer.encode("x"))
+    request = EngineRequest("a", ids, SamplingParams(max_tokens=500, ignore_eos=True))
+    with pytest.raises(KeyError):  # the block's own exception, not a group wrapping it
+        async with engine.open_request(request) as outputs:
+            await outputs.__anext__()
+            raise KeyError("mine")
+    with trio.move_on_after(0.05) as scope:  # a cancellation is caught by its own scope
+        async with engine.open_request(attrs.evolve(request, request_id="b")) as outputs:
+            async for _ in outputs:
+                pass
+    assert scope.cancelled_caught
+    assert engine.aborted_ids == ["a", "b"] and engine.in_flight == 0

@@ -125,7 +125,9 @@ class EmptyDeltaEngine(ScriptedEngine):
     """One prompt: an output with nothing in it at 6 s, then one token at 15 s."""
 
     @asynccontextmanager
-    async def open_request(self, request: EngineRequest) -> AsyncIterator[AsyncIterator[EngineOutput]]:
+    async def open_request(
+        self, request: EngineRequest, on_failure: object = None
+    ) -> AsyncIterator[AsyncIterator[EngineOutput]]:
         async def outputs() -> AsyncIterator[EngineOutput]:
             await trio.sleep(6)
             yield EngineOutput(request.prompt_token_ids, (ChoiceDelta(0, "", ()),))

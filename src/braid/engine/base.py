@@ -24,15 +24,25 @@ Contract:
   awaits.
 * Failures raise :class:`~braid.errors.EngineError` (generation failed) or
   :class:`~braid.errors.EngineRejected` (the engine's own validation refused the request).
+* **A failure is reported when the engine knows it, not when the reader gets there.** A reader
+  may be blocked for a long time (its client reads nothing), while the engine generates on. So
+  ``open_request(request, on_failure)`` calls ``on_failure(error)`` as soon as the engine knows
+  the request has failed (an error output, a rejection after the add, the engine dying, a fault
+  hook), whether or not its outputs are being read: on the Trio thread, at most once, and never
+  from inside the engine's own output processing (so the handler may abort requests). The
+  iterator raises the same error when its reader gets there. A failure raised by
+  ``open_request`` itself, before the block, is not reported this way; neither is an abort.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
 import attrs
+
+from braid.errors import BraidError
 
 TopLogprobs = Mapping[int, "Logprob"]
 """Logprobs at one position: token id -> logprob, the sampled (or actual prompt) token first."""
@@ -113,6 +123,10 @@ class EngineOutput:
     """How many of the prompt's tokens the engine found in its prefix cache (None: not reported)."""
 
 
+FailureHandler = Callable[[BraidError], None]
+"""Called with a request's error as soon as the engine knows it failed (see the module docstring)."""
+
+
 class Tokenizer(Protocol):
     @property
     def vocab_size(self) -> int: ...
@@ -149,7 +163,7 @@ class Engine(Protocol):
     def healthy(self) -> bool: ...
 
     def open_request(
-        self, request: EngineRequest
+        self, request: EngineRequest, on_failure: FailureHandler | None = None
     ) -> AbstractAsyncContextManager[AsyncIterator[EngineOutput]]: ...
 
     def abort_requests(self, request_ids: Sequence[str]) -> None:

@@ -9,9 +9,17 @@ Choice ``k`` of a request generates a seeded function of (seed, prompt ids, k, s
 after ``min_tokens`` emits EOS with probability 1/24. Stop strings (with vLLM's hold-back of
 text that may still become a stop string), stop token ids, ``logprobs`` and ``prompt_logprobs``
 are honoured; the other sampling parameters (top_p, penalties, logit_bias...) are accepted and
-have no effect here. Each token is one delta, produced ``token_delay`` seconds after the previous one.
-A ``final_only`` request is generated the same way, step by step, and delivered as one output
-when it finishes: the deltas of each choice joined (:func:`join_deltas`).
+have no effect here.
+
+**Pace.** With ``token_delay > 0`` the engine generates on its own clock, as a real engine does:
+a request's task produces one token per choice every ``token_delay`` seconds whether or not its
+outputs are taken, and the deltas its reader has not taken yet merge into one pending output
+(what vLLM's output collector does for a reader that lags). With ``token_delay == 0`` it runs in
+**lockstep** with its reader instead: each token is generated when the previous output has been
+taken, so every token is one output (the front-end ceiling benchmark measures one event per
+token this way; an engine with no clock would otherwise produce a whole completion at once).
+A ``final_only`` request is generated the same way and delivered as one output when it finishes:
+the deltas of each choice joined (:func:`join_deltas`).
 
 Every output reports ``num_cached_tokens`` from a :class:`PrefixCache` of 16-token blocks, as
 if each request's prefill ended before the next one's began (requests are read in the order
@@ -19,13 +27,18 @@ they are opened).
 
 Fault hooks, read from the prompt's text (token-id prompts are decoded first):
 
-* ``braid:fail@S`` -- the request raises :class:`~braid.errors.EngineError` after ``S`` tokens.
+* ``braid:fail@S`` -- the request fails with :class:`~braid.errors.EngineError` after ``S`` tokens.
 * ``braid:invalid`` -- the request is rejected by the engine (:class:`~braid.errors.EngineRejected`)
-  on its first iteration, after braid has admitted it and a stream may have started, as vLLM's
-  lazy validation does.
+  at its first step, after braid has admitted it and a stream may have started, as vLLM's lazy
+  validation does.
+
+A fault fires when its step is generated (on the engine's clock, read or not): the request's
+``on_failure`` is called then, and its reader gets the error next, in place of any output still
+waiting (as in vLLM's output collector, an error replaces what the reader had not taken).
 
 The engine counts requests in flight, finished, failed and aborted, and keeps the ids of aborted
-requests (so a test can see that none was aborted twice) and each batch a run asked to abort at once.
+and failed requests (so a test can see that none was aborted twice) and each batch a run asked to
+abort at once.
 """
 
 from __future__ import annotations
@@ -34,7 +47,7 @@ import hashlib
 import math
 import re
 import struct
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 import attrs
@@ -42,13 +55,14 @@ import trio
 
 from braid.engine.base import (
     ChoiceDelta,
+    FailureHandler,
     EngineOutput,
     EngineRequest,
     Logprob,
     ModelInfo,
     TopLogprobs,
 )
-from braid.errors import EngineError, EngineRejected, EngineUnavailable
+from braid.errors import BraidError, EngineError, EngineRejected, EngineUnavailable
 
 BOS, EOS, PAD = 0, 1, 2
 _SPECIAL = {BOS: "<s>", EOS: "</s>", PAD: "<pad>"}
@@ -134,6 +148,7 @@ class _Generation:
     invalid: bool
     cached_tokens: int = 0
     finished: bool = False
+    failure: BraidError | None = None  # the fault that ended it
 
     def _next_token(self, choice: _Choice) -> int:
         p = self.request.params
@@ -184,12 +199,9 @@ class _Generation:
         ids = self.request.prompt_token_ids
         return (None, *(_top(t, k, ids[:i], "prompt") for i, t in enumerate(ids) if i > 0))
 
-    async def final_output(self) -> AsyncIterator[EngineOutput]:
-        """The request generated step by step, delivered as one output (``final_only``)."""
-        steps = [output async for output in self.outputs()]  # an error or cancellation ends both
-        yield join_deltas(steps)
-
-    async def outputs(self) -> AsyncIterator[EngineOutput]:
+    async def steps(self) -> AsyncGenerator[EngineOutput, None]:
+        """The request's outputs, one per step, each ``token_delay`` after the previous one (one
+        scheduler round when 0); raises the request's fault when its step comes."""
         await trio.lowlevel.checkpoint()
         if self.invalid:
             raise EngineRejected("The scripted engine rejected this prompt (braid:invalid).", param="prompt")
@@ -211,6 +223,79 @@ class _Generation:
             yield EngineOutput(ids, deltas, done, prompt_logprobs, self.cached_tokens)
             prompt_logprobs = None
             if done:
+                return
+
+    def _failed(self, exc: BraidError, on_failure: FailureHandler | None) -> None:
+        self.failure = exc
+        if on_failure is not None:
+            on_failure(exc)
+
+    async def lockstep(self, on_failure: FailureHandler | None) -> AsyncGenerator[EngineOutput, None]:
+        """Generated as the reader asks: each step when the previous output was taken."""
+        try:
+            if self.request.final_only:
+                yield join_deltas([output async for output in self.steps()])
+            else:
+                async for output in self.steps():
+                    yield output
+        except (EngineError, EngineRejected) as exc:
+            self._failed(exc, on_failure)
+            raise
+
+    async def generate(self, pending: _Pending, on_failure: FailureHandler | None) -> None:
+        """Generated on the engine's own clock into ``pending``, taken or not (a task's body)."""
+        try:
+            async for output in self.steps():
+                pending.put(output)
+        except (EngineError, EngineRejected) as exc:
+            pending.fail(exc)
+            self._failed(exc, on_failure)
+
+
+class _Pending:
+    """What a request has generated and its reader has not taken yet: its deltas (merged into one
+    output when taken, as vLLM's ``RequestOutputCollector`` merges them), or its error, which
+    replaces them. A ``final_only`` request's output is ready only once it has finished."""
+
+    __slots__ = ("_error", "_final_only", "_held", "_wakeup")
+
+    def __init__(self, final_only: bool) -> None:
+        self._final_only = final_only
+        self._held: list[EngineOutput] = []
+        self._error: BraidError | None = None
+        self._wakeup: trio.Event | None = None
+
+    def put(self, output: EngineOutput) -> None:
+        self._held.append(output)
+        if not self._final_only or output.finished:
+            self._wake()
+
+    def fail(self, exc: BraidError) -> None:
+        self._error = exc
+        self._held.clear()
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
+            self._wakeup = None
+
+    def _ready(self) -> bool:
+        if self._error is not None:
+            return True
+        return bool(self._held) and (not self._final_only or self._held[-1].finished)
+
+    async def outputs(self) -> AsyncGenerator[EngineOutput, None]:
+        while True:
+            while not self._ready():
+                self._wakeup = wakeup = trio.Event()
+                await wakeup.wait()
+            if self._error is not None:
+                raise self._error
+            held, self._held = self._held, []
+            output = held[0] if len(held) == 1 else join_deltas(held)
+            yield output
+            if output.finished:
                 return
 
 
@@ -273,7 +358,7 @@ class ScriptedEngine:
     in_flight: int = 0
     finished_total: int = 0
     aborted_ids: list[str] = attrs.field(factory=list)
-    failed_total: int = 0
+    failed_ids: list[str] = attrs.field(factory=list)
     batch_aborts: list[tuple[str, ...]] = attrs.field(factory=list)
     prefix_cache: PrefixCache = attrs.field(factory=PrefixCache)
 
@@ -281,13 +366,20 @@ class ScriptedEngine:
     def aborted_total(self) -> int:
         return len(self.aborted_ids)
 
+    @property
+    def failed_total(self) -> int:
+        return len(self.failed_ids)
+
     def abort_requests(self, request_ids: Sequence[str]) -> None:
         """Records the batch; each request's own ``open_request`` exit still does the abort."""
         self.batch_aborts.append(tuple(request_ids))
 
     @asynccontextmanager
-    async def open_request(self, request: EngineRequest) -> AsyncIterator[AsyncIterator[EngineOutput]]:
-        """Run one request. Leaving early (cancellation included) aborts it; nothing here awaits on exit."""
+    async def open_request(
+        self, request: EngineRequest, on_failure: FailureHandler | None = None
+    ) -> AsyncIterator[AsyncIterator[EngineOutput]]:
+        """Run one request (see the module docstring for its pace and faults). Leaving early
+        (cancellation included) aborts it; nothing here waits for anything on exit."""
         if not self.healthy:
             raise EngineUnavailable("The engine is not running.")
         text = self.tokenizer.decode(request.prompt_token_ids)
@@ -296,20 +388,49 @@ class ScriptedEngine:
             request, self.token_delay, int(fail.group(1)) if fail else None, "braid:invalid" in text,
             self.prefix_cache.read(request.prompt_token_ids),
         )
-        outputs = gen.final_output() if request.final_only else gen.outputs()
         self.in_flight += 1
-        failed = False
         try:
-            yield outputs
-        except (EngineError, EngineRejected):
-            failed = True
-            raise
+            if self.token_delay > 0:
+                async with _on_own_clock(gen, on_failure) as outputs:
+                    yield outputs
+            else:
+                outputs = gen.lockstep(on_failure)
+                try:
+                    yield outputs
+                finally:
+                    await outputs.aclose()  # the generator's cleanup never awaits: safe when cancelled
         finally:
             self.in_flight -= 1
-            await outputs.aclose()  # the generator's cleanup never awaits: safe when cancelled
             if gen.finished:
                 self.finished_total += 1
-            elif failed:
-                self.failed_total += 1
+            elif gen.failure is not None:
+                self.failed_ids.append(request.request_id)
             else:
                 self.aborted_ids.append(request.request_id)
+
+
+@asynccontextmanager
+async def _on_own_clock(gen: _Generation, on_failure: FailureHandler | None) -> AsyncIterator[AsyncIterator[EngineOutput]]:
+    """``gen`` generating in a task of its own for the duration of the block.
+
+    The block's exception, or its cancellation, comes out as itself, not wrapped in the
+    nursery's exception group: the task never raises (it hands its fault to the reader), so the
+    only thing the nursery can add is a ``Cancelled``.
+    """
+    pending = _Pending(gen.request.final_only)
+    raised: BaseException | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(gen.generate, pending, on_failure)
+            outputs = pending.outputs()
+            try:
+                yield outputs
+            except BaseException as exc:  # noqa: BLE001 - raised again below, as itself
+                raised = exc
+            finally:
+                nursery.cancel_scope.cancel()
+                await outputs.aclose()
+    except BaseExceptionGroup as group:
+        raised = raised or group.exceptions[0]
+    if raised is not None:
+        raise raised
