@@ -24,6 +24,9 @@ Record kinds (``seq`` is a total order, ``t`` virtual time):
 
 * ``engine_open``  ``prompt``, ``prompt_tokens``: the engine request of prompt ``prompt`` starts.
 * ``engine_output`` ``prompt``, ``deltas``: one engine output, ``[[k, text, n_tokens, finish_reason], ...]``.
+* ``engine_failure`` ``prompt``, ``error``: the engine reported that this request failed
+  (``EngineError`` | ``EngineRejected``), at the moment it knew, whether or not anyone was reading
+  the request's outputs. The abort bound runs from here, not from the moment a driver noticed.
 * ``engine_close`` ``prompt``, ``outcome`` (``finished`` | ``failed`` | ``aborted``), ``error``
   (``None`` | ``EngineError`` | ``EngineRejected`` | ``StreamStalled`` | other class name) and
   ``aborts`` (how many aborts the engine saw for this request).
@@ -143,8 +146,16 @@ def _prompt_tokens(trace: Trace) -> dict[int, int]:
 
 
 def _failures(trace: Trace) -> list[Record]:
-    """The engine closes that are failures the client must hear of (engine error, rejection, stall)."""
-    return [r for r in _records(trace, "engine_close") if r["error"] in ERROR_STATUS]
+    """The failures the client must hear of, in the order they happened: the engine's reports of
+    failed requests, and the engine closes that are failures it did not report first (a stall,
+    or an engine that reports a failure only when it is read)."""
+    reported = {r["prompt"] for r in _records(trace, "engine_failure")}
+    out = [
+        r for r in trace["records"]
+        if (r["kind"] == "engine_failure" and r["error"] in ERROR_STATUS)
+        or (r["kind"] == "engine_close" and r["error"] in ERROR_STATUS and r["prompt"] not in reported)
+    ]
+    return out
 
 
 def _triggers(trace: Trace) -> list[Record]:
@@ -593,7 +604,8 @@ class RequestMachine:
         VALIDATING --invalid body--> REJECTED (JSON 4xx)
         VALIDATING --engine_open--> STREAMING
         STREAMING  --delta/finish--> STREAMING          choice PENDING->GENERATING->FINISHED
-        STREAMING  --error|stall--> DRAINING            (error event + [DONE], or a JSON error)
+        STREAMING  --error|stall--> DRAINING            (error event + [DONE], or a JSON error);
+                                                        an error is the engine's report (engine_failure)
         STREAMING  --disconnect|drain--> DRAINING       (connection closed: no more output)
         STREAMING  --[DONE] / JSON, handler returns--> DONE
         DRAINING   --handler returns, no engine request open--> DONE   unfinished choices -> ABORTED
@@ -607,6 +619,7 @@ class RequestMachine:
     state: RequestState = RequestState.VALIDATING
     choices: list[ChoiceState] = field(default_factory=list)
     open_engine: set[int] = field(default_factory=set)
+    failed: set[int] = field(default_factory=set)  # prompts whose failure the engine reported
     output_ended: bool = False
     errors: list[str] = field(default_factory=list)
     history: list[tuple[int, RequestState]] = field(default_factory=list)
@@ -642,9 +655,17 @@ class RequestMachine:
             if self.state is RequestState.VALIDATING:
                 self._go(seq, RequestState.STREAMING)
             self.open_engine.add(r["prompt"])
+        elif kind == "engine_failure":
+            if r["prompt"] not in self.open_engine:
+                self.errors.append(f"seq {seq}: failure of prompt {r['prompt']} whose engine request is not open")
+            self.failed.add(r["prompt"])
+            if self.state is RequestState.STREAMING:
+                self._go(seq, RequestState.DRAINING)
         elif kind == "engine_output":
             if r["prompt"] not in self.open_engine:
                 self.errors.append(f"seq {seq}: output of prompt {r['prompt']} whose engine request is not open")
+            if r["prompt"] in self.failed:
+                self.errors.append(f"seq {seq}: output of prompt {r['prompt']} after the engine reported its failure")
             for k, _text, _ntok, finish in r["deltas"]:
                 j = r["prompt"] * self.n + k
                 if not 0 <= j < len(self.choices) or not 0 <= k < self.n:

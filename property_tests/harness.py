@@ -25,7 +25,7 @@ import trio
 import trio.testing
 
 from braid.encode import error_body
-from braid.engine.base import EngineOutput, EngineRequest
+from braid.engine.base import EngineOutput, EngineRequest, FailureHandler
 from braid.engine.scripted import ScriptedEngine
 from braid.errors import BraidError, EngineError, EngineRejected, InvalidRequest
 from braid.http.body import CompletionStream
@@ -159,16 +159,27 @@ class RecordingEngine:
         pass
 
     @asynccontextmanager
-    async def open_request(self, request: EngineRequest) -> AsyncIterator[AsyncIterator[EngineOutput]]:
+    async def open_request(
+        self, request: EngineRequest, on_failure: FailureHandler | None = None
+    ) -> AsyncIterator[AsyncIterator[EngineOutput]]:
         base, _, idx = request.request_id.rpartition("-")
         rec, patterns = self.requests[base]
         prompt = int(idx)
         pattern = patterns[prompt % len(patterns)]
         error: str | None = None
+        reported: list[str] = []
+
+        def failed(err: BraidError) -> None:
+            # The engine's report, at the moment it knows: the abort bound runs from here.
+            reported.append(type(err).__name__)
+            rec.add("engine_failure", prompt=prompt, error=type(err).__name__)
+            if on_failure is not None:
+                on_failure(err)
+
         rec.open_engine.add(prompt)
         rec.add("engine_open", prompt=prompt, prompt_tokens=len(request.prompt_token_ids))
         try:
-            async with self.inner.open_request(request) as outputs:
+            async with self.inner.open_request(request, failed) as outputs:
                 timed = self._timed(outputs, rec, prompt, pattern)
                 try:
                     yield timed
@@ -182,6 +193,8 @@ class RecordingEngine:
             aborts = self.inner.aborted_ids.count(request.request_id)
             if aborts:
                 outcome = "aborted"
+            elif reported:
+                outcome, error = "failed", reported[0]  # its driver may have been cancelled since
             elif error in (EngineError.__name__, EngineRejected.__name__):
                 outcome = "failed"
             else:

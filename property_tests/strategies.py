@@ -24,12 +24,15 @@ def scenarios(
     client_events: bool | None = None,
     invalid: bool | None = False,
     stall: bool = False,
+    stalled_reader: bool = False,
 ) -> Scenario:
     """A request, its engine's timing and faults, and what the client and server do meanwhile.
 
     ``faults`` / ``client_events``: True forces at least one engine fault / one client or server
     event (disconnect, stall, drain), False forbids them, None draws. ``invalid`` the same for an
-    invalid body.
+    invalid body. ``stalled_reader``: the client stops reading after its first write, for longer
+    than the engine takes to fail and well within the stall timeout, while the engine generates on
+    its own clock and the channel is small: failures must abort the batch while every driver waits.
     """
     num = draw(st.one_of(st.integers(1, 4), st.integers(1, max_prompts)))
     fillers = draw(st.lists(st.text("xyz ", max_size=4), min_size=num, max_size=num))
@@ -59,6 +62,8 @@ def scenarios(
             drain = (draw(TIMES), draw(st.sampled_from([0.0, 0.5, 2.0, 10.0])))
     if stall:
         pause = (draw(st.sampled_from([0.0, 0.5, 1.0, 2.0])), draw(st.sampled_from([10.0, 40.0])))
+    if stalled_reader:
+        pause = (draw(st.sampled_from([0.0, 0.5])), 100.0)
     bad = None
     if invalid is None:
         bad = draw(st.none() | st.sampled_from(sorted(INVALID_BODIES)))
@@ -76,7 +81,7 @@ def scenarios(
         ignore_eos=draw(st.booleans()),
         seed=draw(st.none() | st.integers(0, 3)),
         invalid=bad,
-        token_delay=draw(st.sampled_from([0.0, 0.5, 1.0])),
+        token_delay=draw(st.sampled_from([0.5, 1.0] if stalled_reader else [0.0, 0.5, 1.0])),
         step_delays=tuple(
             tuple(p)
             for p in draw(
@@ -88,6 +93,6 @@ def scenarios(
         disconnect_at=disconnect_at,
         drain=drain,
         heartbeat=draw(st.sampled_from([0.25, 1.0, 3.0, 15.0])),
-        stall_timeout=draw(st.sampled_from([1.0, 5.0] if stall else [1.0, 5.0, 30.0])),
-        buffer=draw(st.sampled_from([1, 2] if stall else [1, 2, 8, 64])),
+        stall_timeout=draw(st.sampled_from([1.0, 5.0] if stall else [30.0] if stalled_reader else [1.0, 5.0, 30.0])),
+        buffer=draw(st.sampled_from([1, 2] if stall or stalled_reader else [1, 2, 8, 64])),
     )

@@ -7,7 +7,7 @@ the violated invariants (by number and name) and the shrunk scenario.
 from __future__ import annotations
 
 import attrs
-from hypothesis import given, note
+from hypothesis import example, given, note
 
 from model import check_trace
 from property_tests.harness import Scenario, run_scenario
@@ -54,6 +54,20 @@ def test_client_and_server_events_abort_the_batch(s: Scenario) -> None:
 @given(scenarios(stream=True, faults=False, client_events=False, stall=True, max_prompts=16))
 def test_a_stalled_reader_gets_408_and_aborts_the_batch(s: Scenario) -> None:
     """A client that stops reading: StreamStalled (408 error event once it reads again), all aborted at once."""
+    assert_model(s)
+
+
+@given(scenarios(stream=True, faults=True, client_events=False, stalled_reader=True, max_prompts=16))
+@example(  # the case measured on the HTTP server: a batch, one prompt failing, a client reading nothing
+    Scenario(
+        prompts=tuple(f"p{i}" + (" braid:fail@3" if i == 5 else "") for i in range(8)),
+        max_tokens=6, ignore_eos=True, token_delay=0.5, pause=(0.0, 100.0), stall_timeout=30.0, buffer=1,
+    )
+)
+def test_a_failure_aborts_the_batch_while_the_reader_is_stalled(s: Scenario) -> None:
+    """The engine fails a prompt while the client reads nothing and every driver waits on the full
+    channel: the batch is aborted when the engine reports the failure (I10's bound runs from the
+    engine_failure record), not when the failing driver would next have read."""
     assert_model(s)
 
 

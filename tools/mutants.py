@@ -38,9 +38,19 @@ MUTANTS = [
     Mutant(
         "no_sibling_abort",
         "run.py",
-        (("                m.engine_errors.inc()\n                self.abort_all(err)",
-          "                m.engine_errors.inc()\n                self.error = self.error or err"),),
+        (("            failed = True\n            self.abort_all(err)\n\n        with send:",
+          "            failed = True\n            self.error = self.error or err\n\n        with send:"),
+         ("                failed = True\n                self.abort_all(err)",
+          "                failed = True\n                self.error = self.error or err"),),
         "an engine error is recorded but the sibling engine requests are not aborted",
+    ),
+    Mutant(
+        "failure_noticed_on_next_read",
+        "run.py",
+        (("            failed = True\n            self.abort_all(err)\n\n        with send:",
+          "            failed = True\n\n        with send:"),),
+        "the engine's report of a failure is ignored: the batch is aborted only when the failing "
+        "driver reads its next output (never, while the client reads nothing)",
     ),
     Mutant(
         "no_abort_on_stall",
