@@ -150,34 +150,20 @@ def map_error(exc: BaseException) -> BaseException:
 
 
 def vllm_sampling_params(params_cls: Any, kind: Any, p: SamplingParams, *, final_only: bool = False) -> Any:
-    """braid's validated SamplingParams -> vLLM's (``kind`` is vLLM's RequestOutputKind)."""
-    return params_cls(
-        n=p.n,
-        max_tokens=p.max_tokens,
-        temperature=p.temperature,
-        top_p=p.top_p,
-        top_k=p.top_k,
-        min_p=p.min_p,
-        seed=p.seed,
-        stop=list(p.stop),
-        stop_token_ids=list(p.stop_token_ids),
-        include_stop_str_in_output=p.include_stop_str_in_output,
-        ignore_eos=p.ignore_eos,
-        min_tokens=p.min_tokens,
-        logprobs=p.logprobs,
-        prompt_logprobs=p.prompt_logprobs,
-        presence_penalty=p.presence_penalty,
-        frequency_penalty=p.frequency_penalty,
-        repetition_penalty=p.repetition_penalty,
-        skip_special_tokens=p.skip_special_tokens,
-        spaces_between_special_tokens=p.spaces_between_special_tokens,
-        logit_bias=None if p.logit_bias is None else dict(p.logit_bias),
-        allowed_token_ids=None if p.allowed_token_ids is None else list(p.allowed_token_ids),
-        bad_words=None if p.bad_words is None else list(p.bad_words),
-        # FINAL_ONLY for a non-streaming response, as vLLM's own server does: one output per
-        # request instead of one per step, each of which crosses to the Trio thread.
-        output_kind=kind.FINAL_ONLY if final_only else kind.DELTA,
-    )
+    """braid's validated SamplingParams -> vLLM's (``kind`` is vLLM's RequestOutputKind).
+
+    Every field goes to vLLM under its own name; braid's tuples become the lists (``logit_bias``:
+    the dict) that vLLM's checks expect.
+    """
+    kwargs = attrs.asdict(p, recurse=False)
+    for name, value in kwargs.items():
+        if isinstance(value, tuple):
+            kwargs[name] = list(value)
+    if p.logit_bias is not None:
+        kwargs["logit_bias"] = dict(p.logit_bias)
+    # FINAL_ONLY for a non-streaming response, as vLLM's own server does: one output per
+    # request instead of one per step, each of which crosses to the Trio thread.
+    return params_cls(**kwargs, output_kind=kind.FINAL_ONLY if final_only else kind.DELTA)
 
 
 _FAIL = re.compile(r"braid:fail@(\d+)")
