@@ -31,12 +31,13 @@ from braid.engine.base import ChoiceDelta, EngineOutput, EngineRequest, Logprob,
 from braid.errors import BraidError, EngineError, EngineRejected, EngineUnavailable
 
 
-# What vLLM needs on a CPU machine (shared/reference/vllm-cpu.md). tools/servers.py gives vLLM's
+# What vLLM needs on a CPU machine. tools/servers.py gives vLLM's
 # own server the same, so the parity tier and the benchmarks compare like with like.
 OFFLINE_ENVIRONMENT = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 CPU_ENVIRONMENT = {
     "VLLM_TARGET_DEVICE": "cpu",
-    # vLLM torch.compiles its logprobs op even with enforce_eager: 11-17 s on first use.
+    # vLLM torch.compiles its logprobs op even with enforce_eager, which stalls the first request
+    # that asks for logprobs (docs/performance.md).
     "TORCH_COMPILE_DISABLE": "1",
     "VLLM_CPU_KVCACHE_SPACE": "1",
     # the "uni" executor is silently replaced by "mp" unless this is 0
@@ -79,7 +80,7 @@ class HfTokenizer:
     def __init__(self, tok: Any, vocab_size: int) -> None:
         self._tok = tok
         self.vocab_size = vocab_size
-        # vLLM's own rule (vllm/tokenizers/hf.py): the longest vocabulary entry, as stored.
+        # vLLM's own rule (its Hugging Face tokenizer wrapper): the longest vocabulary entry, as stored.
         self.max_chars_per_token = max((len(t) for t in tok.get_vocab()), default=1)
         self._worker_backend: Any = None
         self._worker_tok: Any = None
@@ -257,7 +258,7 @@ def _freeze_vllm_env() -> None:
     """Cache vLLM's environment settings from here on, as its EngineCore process does for itself.
 
     Uncached, every ``vllm.envs.X`` is an ``os.getenv``, and the output processor reads several
-    for every output of every request: ~15% of the asyncio thread at 64 concurrent streams.
+    for every output of every request, a visible share of the asyncio thread under load.
     braid sets all of vLLM's environment before the engine starts and never changes it after.
     """
     from vllm import envs
