@@ -8,7 +8,7 @@ What is measured and how:
   is decoding), the socket is closed abruptly (``SO_LINGER`` 0, so the kernel sends a RST).
   Latency = from just before that close to the moment the engine holds no request.
 * The signal, the same for both servers: the engine core's own log line
-  ``EngineCore waiting for work.`` (``vllm/v1/engine/core.py``, ``_process_input_queue``),
+  ``EngineCore waiting for work.`` (vLLM's ``EngineCore._process_input_queue``),
   written when its busy loop finds no work (``has_work()`` false: the scheduler has no
   unfinished request and none left to clear). Only the logger ``vllm.v1.engine.core`` is set to
   DEBUG (``VLLM_LOGGING_CONFIG_PATH``) with ``%(created).6f`` timestamps; the log file is read, so

@@ -73,22 +73,6 @@ class ChoiceState(enum.Enum):
     ABORTED = "aborted"  # the request ended before it finished
 
 
-#: The events the model reacts to (record kinds, with the sub-cases spelled out).
-EVENTS = (
-    "engine delta",  # engine_output delta without finish_reason
-    "engine finish",  # engine_output delta with finish_reason
-    "engine error",  # engine_close failed/EngineError
-    "late validation failure",  # engine_close failed/EngineRejected
-    "client disconnect",  # disconnect
-    "slow-reader stall",  # engine_close aborted/StreamStalled
-    "server drain",  # drain
-    "heartbeat tick",  # idle for `heartbeat` seconds (observed as a ping)
-)
-
-#: The observable outputs.
-OUTPUTS = ("JSON response", "SSE chunk", "usage chunk", "error event", "[DONE]", "connection close")
-
-
 def parse_sse(raw: bytes) -> list[dict[str, Any]]:
     """One body write -> its SSE events; raises ValueError when the framing is wrong.
 
@@ -622,15 +606,12 @@ class RequestMachine:
     failed: set[int] = field(default_factory=set)  # prompts whose failure the engine reported
     output_ended: bool = False
     errors: list[str] = field(default_factory=list)
-    history: list[tuple[int, RequestState]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.choices = [ChoiceState.PENDING] * (self.n * self.prompts)
 
     def _go(self, seq: int, state: RequestState) -> None:
-        if state is not self.state:
-            self.state = state
-            self.history.append((seq, state))
+        self.state = state
 
     def _settle(self, seq: int) -> None:
         """The handler returned (``end``): the request is done; choices not finished were aborted."""

@@ -1,6 +1,6 @@
 """Stateful: several concurrent requests on one engine, with events interleaved by Hypothesis.
 
-Pattern B of docs (reference §4): the trio loop runs in a helper thread on a *manual* MockClock;
+The trio loop runs in a helper thread on a *manual* MockClock (Hypothesis drives the rules);
 rules call into it with ``trio.from_thread.run``. Virtual time moves only in the ``advance`` rule,
 which turns autojump on just for the span it advances, so every timer inside the span fires in
 order (heartbeats, stall timeouts and token delays keep their meaning) and nothing moves between

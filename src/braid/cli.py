@@ -164,11 +164,11 @@ def _runs_asyncllm(engine: object) -> bool:
 def _set_switch_interval(seconds: float | None, *, two_threads: bool) -> None:
     """With vLLM, braid's Trio thread and its asyncio thread (vLLM's output handler) both want the
     GIL. A thread that returns from a syscall (a socket send, the wake-up of the other thread)
-    waits for it until the holder lets go, at most one switch interval. Python's 5 ms turned a
-    client disconnect into an abort that reached the engine tens of ms late: the abort is a call
-    from the Trio thread onto the asyncio loop, and each GIL wait on the way cost up to 5 ms.
-    With 1 ms the abort p99 fell from 58 to 42 ms (bench.abort, 50 trials); output throughput at
-    concurrency 64 moved by -3.5%, inside the run-to-run noise (docs/performance.md)."""
+    waits for it until the holder lets go, at most one switch interval. A client disconnect
+    becomes an abort, a call from the Trio thread onto the asyncio loop with several such waits
+    on the way, so with Python's default interval an abort reached the engine several intervals
+    late. A shorter interval shortens each wait, and its cost in throughput was inside the
+    run-to-run noise (docs/performance.md, round 2)."""
     if seconds is None and two_threads:
         seconds = 0.001
     if seconds is not None:

@@ -18,7 +18,6 @@ class Metrics:
     aborts: Counter = attrs.field(init=False)
     engine_requests: Counter = attrs.field(init=False)
     engine_errors: Counter = attrs.field(init=False)
-    http_requests: Counter = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         r = self.registry
@@ -26,9 +25,6 @@ class Metrics:
         self.aborts = Counter("braid_engine_aborts", "Engine requests braid aborted before they finished", registry=r)
         self.engine_requests = Counter("braid_engine_requests", "Engine requests braid started", registry=r)
         self.engine_errors = Counter("braid_engine_errors", "Engine requests that failed in the engine", registry=r)
-        self.http_requests = Counter(
-            "braid_completion_requests", "Completion requests by outcome", ["outcome"], registry=r
-        )
 
     def track_engine_unfinished(self, read: Callable[[], float]) -> None:
         """Expose the engine's own count of unfinished requests (read at scrape time)."""

@@ -59,33 +59,6 @@ class Plan:
         return sum(len(item.request.prompt_token_ids) for item in self.items)
 
 
-def _sampling_params(req: CompletionRequest, max_tokens: int) -> SamplingParams:
-    return SamplingParams(
-        max_tokens=max_tokens,
-        n=req.n,
-        temperature=req.temperature,
-        top_p=req.top_p,
-        top_k=req.top_k,
-        min_p=req.min_p,
-        seed=req.seed,
-        stop=req.stop,
-        stop_token_ids=req.stop_token_ids,
-        include_stop_str_in_output=req.include_stop_str_in_output,
-        ignore_eos=req.ignore_eos,
-        min_tokens=req.min_tokens,
-        logprobs=req.logprobs,
-        prompt_logprobs=req.prompt_logprobs,
-        presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty,
-        repetition_penalty=req.repetition_penalty,
-        skip_special_tokens=req.skip_special_tokens,
-        spaces_between_special_tokens=req.spaces_between_special_tokens,
-        logit_bias=req.logit_bias,
-        allowed_token_ids=req.allowed_token_ids,
-        bad_words=req.bad_words,
-    )
-
-
 def _fit(params: SamplingParams, prompt_len: int, limit: int, i: int, req: CompletionRequest) -> SamplingParams:
     """vLLM 0.32's length rule: a prompt longer than the context is refused; otherwise
     ``max_tokens`` shrinks to the room the prompt leaves, and a prompt that leaves no room is
@@ -111,9 +84,9 @@ def _fit(params: SamplingParams, prompt_len: int, limit: int, i: int, req: Compl
         )
     if params.max_tokens <= room:
         return params
-    if req.min_tokens > room:
+    if params.min_tokens > room:
         raise InvalidRequest(
-            f"min_tokens must be less than or equal to max_tokens={room}, got {req.min_tokens} "
+            f"min_tokens must be less than or equal to max_tokens={room}, got {params.min_tokens} "
             f"(prompt[{i}] leaves room for {room} tokens)."
         )
     return attrs.evolve(params, max_tokens=room)
@@ -189,8 +162,7 @@ def make_plan(
     check_limits(req, info, tokenizer)
     engine_prefix = engine_request_id or request_id
     limit = info.max_model_len
-    engine_max_tokens = max(req.max_tokens, 1)  # echo with max_tokens=0 still generates one token
-    params = _sampling_params(req, engine_max_tokens)
+    params = req.sampling
     keep = req.truncate_prompt_tokens
     if keep == -1:
         keep = limit - 1  # vLLM: the whole context less one token of room for the output
@@ -218,19 +190,19 @@ def make_plan(
         elif isinstance(prompt, TextPrompt):
             echo_text = prompt.text  # vLLM echoes the text as sent, even when its tokens were truncated
         else:
-            echo_text = tokenizer.decode(ids, skip_special_tokens=req.skip_special_tokens)
+            echo_text = tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
         text = prompt.text if isinstance(prompt, TextPrompt) else None
         request = EngineRequest(f"{engine_prefix}-{i}", ids, item_params, text, final_only=not req.stream)
         items.append(PlanItem(i, request, echo_text))
     return Plan(
         meta=ResponseMeta(request_id, created, info.name),
         items=tuple(items),
-        n=req.n,
+        n=params.n,
         stream=req.stream,
         echo=req.echo,
         hide_completion=req.echo and req.max_tokens == 0,
-        logprobs=req.logprobs,
-        prompt_logprobs=req.prompt_logprobs,
+        logprobs=params.logprobs,
+        prompt_logprobs=params.prompt_logprobs,
         include_usage=req.include_usage,
         continuous_usage=req.continuous_usage,
         return_token_ids=req.return_token_ids,

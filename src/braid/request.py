@@ -21,6 +21,7 @@ from typing import Any, Literal
 import attrs
 import msgspec
 
+from braid.engine.base import SamplingParams
 from braid.errors import InvalidRequest, SchemaError
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -113,36 +114,18 @@ _PATH = re.compile(r" - at `\$\.?([^`]*)`$")
 
 @attrs.frozen
 class CompletionRequest:
-    """A validated request. ``max_tokens`` is what the client asked for (0 only with ``echo``)."""
+    """A validated request. ``max_tokens`` is what the client asked for (0 only with ``echo``);
+    ``sampling.max_tokens`` is what the engine generates before the context's room is applied
+    (at least 1: an echo with ``max_tokens=0`` still generates one token, which is not shown)."""
 
     model: str | None
     prompts: tuple[Prompt, ...]
     max_tokens: int
-    n: int
-    temperature: float
-    top_p: float
-    top_k: int
-    min_p: float
-    seed: int | None
-    stop: tuple[str, ...]
-    stop_token_ids: tuple[int, ...]
-    include_stop_str_in_output: bool
-    ignore_eos: bool
-    min_tokens: int
-    presence_penalty: float
-    frequency_penalty: float
-    repetition_penalty: float
-    skip_special_tokens: bool
-    spaces_between_special_tokens: bool
-    logit_bias: tuple[tuple[int, float], ...] | None
-    allowed_token_ids: tuple[int, ...] | None
-    bad_words: tuple[str, ...] | None
+    sampling: SamplingParams
     stream: bool
     include_usage: bool
     continuous_usage: bool
     echo: bool
-    logprobs: int | None
-    prompt_logprobs: int | None
     return_token_ids: bool
     return_tokens_as_token_ids: bool
     add_special_tokens: bool
@@ -411,6 +394,31 @@ def _logit_bias(raw: dict[str, float] | None, vocab_size: int) -> tuple[tuple[in
     return tuple(out)
 
 
+def _sampling_params(b: _Body, limits: Limits) -> SamplingParams:
+    """The body's sampling fields, by the names :class:`SamplingParams` declares: a field absent
+    or null takes its default there and a list becomes a tuple. Only the fields whose wire form
+    differs from the engine's are converted by hand."""
+    given: dict[str, Any] = {}
+    for field in attrs.fields(SamplingParams):
+        value = getattr(b, field.name)
+        if value is not None:
+            given[field.name] = tuple(value) if isinstance(value, list) else value
+    prompt_logprobs = b.prompt_logprobs
+    if b.echo and b.logprobs is not None and prompt_logprobs is None:
+        prompt_logprobs = b.logprobs  # echoed tokens need their logprobs, as in vLLM
+    max_tokens = 16 if b.max_tokens is None else b.max_tokens
+    return SamplingParams(
+        **{
+            **given,
+            "max_tokens": max(max_tokens, 1),  # echo with max_tokens=0 still generates one token
+            "seed": None if b.seed == -1 else b.seed,
+            "stop": (b.stop,) if isinstance(b.stop, str) else tuple(b.stop or ()),
+            "logit_bias": _logit_bias(b.logit_bias, limits.vocab_size),
+            "prompt_logprobs": prompt_logprobs,
+        }
+    )
+
+
 def parse_request(body: bytes, limits: Limits) -> CompletionRequest:
     """Decode and validate a request body; raises :class:`~braid.errors.InvalidRequest` (a 400)."""
     b = decode_body(body)
@@ -423,40 +431,15 @@ def parse_request(body: bytes, limits: Limits) -> CompletionRequest:
         )
     stream = bool(b.stream)
     include_usage = stream and bool(b.stream_options and b.stream_options.include_usage)
-    echo = bool(b.echo)
-    prompt_logprobs = b.prompt_logprobs
-    if echo and b.logprobs is not None and prompt_logprobs is None:
-        prompt_logprobs = b.logprobs  # echoed tokens need their logprobs, as in vLLM
-    stop = (b.stop,) if isinstance(b.stop, str) else tuple(b.stop or ())
     return CompletionRequest(
         model=b.model or None,
         prompts=prompts,
         max_tokens=16 if b.max_tokens is None else b.max_tokens,
-        n=b.n,
-        temperature=1.0 if b.temperature is None else b.temperature,
-        top_p=1.0 if b.top_p is None else b.top_p,
-        top_k=0 if b.top_k is None else b.top_k,
-        min_p=0.0 if b.min_p is None else b.min_p,
-        seed=None if b.seed in (None, -1) else b.seed,
-        stop=stop,
-        stop_token_ids=tuple(b.stop_token_ids or ()),
-        include_stop_str_in_output=b.include_stop_str_in_output,
-        ignore_eos=b.ignore_eos,
-        min_tokens=b.min_tokens,
-        presence_penalty=b.presence_penalty or 0.0,
-        frequency_penalty=b.frequency_penalty or 0.0,
-        repetition_penalty=1.0 if b.repetition_penalty is None else b.repetition_penalty,
-        skip_special_tokens=b.skip_special_tokens,
-        spaces_between_special_tokens=b.spaces_between_special_tokens,
-        logit_bias=_logit_bias(b.logit_bias, limits.vocab_size),
-        allowed_token_ids=None if b.allowed_token_ids is None else tuple(b.allowed_token_ids),
-        bad_words=None if b.bad_words is None else tuple(b.bad_words),
+        sampling=_sampling_params(b, limits),
         stream=stream,
         include_usage=include_usage,
         continuous_usage=include_usage and bool(b.stream_options and b.stream_options.continuous_usage_stats),
-        echo=echo,
-        logprobs=b.logprobs,
-        prompt_logprobs=prompt_logprobs,
+        echo=bool(b.echo),
         return_token_ids=bool(b.return_token_ids),
         return_tokens_as_token_ids=bool(b.return_tokens_as_token_ids),
         add_special_tokens=b.add_special_tokens,

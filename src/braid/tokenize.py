@@ -1,8 +1,8 @@
 """Tokenize: a request's text prompts -> token ids, on a worker thread when there is much text.
 
 Tokenizing runs before the plan (:mod:`braid.plan`), in the request's own task. Inline it blocks
-the Trio thread, and with it every other stream of the server: 1024 prompts of ~150 tokens took
-~380 ms through the Hugging Face tokenizer, during which no running stream got an event. So:
+the Trio thread, and with it every other stream of the server: a batch of many long prompts takes
+long enough that every running stream visibly stalls (docs/performance.md, round 4). So:
 
 * Up to :data:`INLINE_CHARS` characters of prompt text in all, the texts are encoded inline:
   a thread hop would cost more than the encoding (the common case: one short prompt).

@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import pytest
 
+from braid.engine.base import SamplingParams
 from braid.errors import InvalidRequest, SchemaError
-from braid.request import CompletionRequest, Limits, TextPrompt, TokenPrompt, parse_prompts, parse_request
+from braid.request import (
+    _UNSUPPORTED,
+    CompletionRequest,
+    Limits,
+    TextPrompt,
+    TokenPrompt,
+    _Body,
+    parse_prompts,
+    parse_request,
+)
 
 VOCAB = 259  # the scripted engine's vocabulary
 LIMITS = Limits(vocab_size=VOCAB)
@@ -184,12 +195,12 @@ def test_prompts_times_n_over_max_choices_is_400() -> None:
     err = refuse(prompt=["a", "b", "c"], n=3, limits=limits)
     assert err.param == "n" and "9" in err.message
     assert len(parse(prompt=["a", "b", "c", "d"], n=2, limits=limits).prompts) == 4  # exactly 8
-    assert parse(prompt=[1, 2, 3, 4, 5, 6, 7, 8, 9], n=8, limits=limits).n == 8  # one token prompt
+    assert parse(prompt=[1, 2, 3, 4, 5, 6, 7, 8, 9], n=8, limits=limits).sampling.n == 8  # one token prompt
 
 
 def test_default_max_choices_counts_prompts_times_n() -> None:
     assert refuse(prompt=["x"] * 1024, n=5).param == "n"  # 5120 > 4096
-    assert parse(prompt=["x"] * 1024, n=4).n == 4  # 4096
+    assert parse(prompt=["x"] * 1024, n=4).sampling.n == 4  # 4096
 
 
 # --- field checks --------------------------------------------------------------------------------
@@ -246,14 +257,16 @@ def test_field_checks(fields: dict, param: str | None) -> None:
 )
 def test_valid_fields_are_accepted(fields: dict) -> None:
     req = parse(**fields)
-    for key in ("n", "temperature", "logprobs", "max_tokens"):
+    for key in ("n", "temperature", "logprobs"):
         if key in fields:
-            assert getattr(req, key) == fields[key]
+            assert getattr(req.sampling, key) == fields[key]
+    if "max_tokens" in fields:
+        assert req.max_tokens == fields["max_tokens"]
 
 
 def test_n_is_bounded_by_max_n() -> None:
     limits = Limits(max_n=4, vocab_size=VOCAB)
-    assert parse(n=4, limits=limits).n == 4
+    assert parse(n=4, limits=limits).sampling.n == 4
     err = refuse(n=5, limits=limits)
     assert (err.type, err.param) == ("BadRequestError", None)
     assert err.message == "n must be between 1 and 4, got 5."
@@ -268,7 +281,7 @@ def test_greedy_sampling_with_n_above_one() -> None:
     err = refuse(temperature=0, n=2)
     assert err.message == "n must be 1 when using greedy sampling, got 2."
     assert err.param is None
-    assert parse(temperature=0.5, n=2).n == 2
+    assert parse(temperature=0.5, n=2).sampling.n == 2
 
 
 def test_prompt_logprobs_with_stream_is_a_bad_request_error() -> None:
@@ -377,6 +390,37 @@ def test_a_non_object_body_is_a_schema_error(body: bytes) -> None:
     assert (info.value.status, info.value.type, info.value.param) == (400, "Bad Request", "body")
 
 
+# The body fields that are not sampling parameters: the request's own, and the refused ones.
+NOT_SAMPLING = {
+    "model", "prompt", "stream", "stream_options", "echo", "return_token_ids", "return_tokens_as_token_ids",
+    "add_special_tokens", "truncate_prompt_tokens", "truncation_side", "request_id", "user", "priority",
+    "best_of", *_UNSUPPORTED,
+}  # fmt: skip
+
+
+def test_every_body_field_is_a_sampling_parameter_or_the_requests_own() -> None:
+    sampling = {field.name for field in attrs.fields(SamplingParams)}
+    body = set(_Body.__struct_fields__)
+    assert sampling <= body
+    assert body - sampling == NOT_SAMPLING
+
+
+def test_every_sampling_field_of_the_body_reaches_the_engine_params() -> None:
+    sent = {
+        "max_tokens": 5, "n": 2, "temperature": 0.5, "top_p": 0.9, "top_k": 3, "min_p": 0.1, "seed": 7,
+        "stop": ["x", "y"], "stop_token_ids": [4], "include_stop_str_in_output": True, "ignore_eos": True,
+        "min_tokens": 1, "logprobs": 2, "prompt_logprobs": 1, "presence_penalty": 0.5, "frequency_penalty": -0.5,
+        "repetition_penalty": 1.5, "skip_special_tokens": False, "spaces_between_special_tokens": False,
+        "logit_bias": {"5": 1.0, "6": -2.0}, "allowed_token_ids": [5, 6], "bad_words": ["no"],
+    }  # fmt: skip
+    assert set(sent) == {field.name for field in attrs.fields(SamplingParams)}
+    got = parse(**sent).sampling
+    converted = {"logit_bias": ((5, 1.0), (6, -2.0))}
+    assert attrs.asdict(got, recurse=False) == {
+        name: converted.get(name, tuple(value) if isinstance(value, list) else value) for name, value in sent.items()
+    }
+
+
 def test_unknown_fields_are_ignored() -> None:
     plain = parse(prompt=["a", "b"], n=2, max_tokens=3)
     extra = parse(prompt=["a", "b"], n=2, max_tokens=3, frobnicate=1, nested={"deep": [1, {"x": None}]}, cache_salt="s")
@@ -385,9 +429,8 @@ def test_unknown_fields_are_ignored() -> None:
 
 def test_defaults() -> None:
     req = parse()
-    assert req.max_tokens == 16 and req.n == 1 and req.temperature == 1.0
+    assert req.max_tokens == 16 and req.sampling == SamplingParams(max_tokens=16)
     assert not req.stream and not req.include_usage and not req.continuous_usage
-    assert req.logprobs is None and req.prompt_logprobs is None and req.stop == ()
     assert parse(max_tokens=None).max_tokens == 16
 
 
@@ -407,8 +450,8 @@ def test_defaults() -> None:
 )
 def test_echo_with_logprobs_requests_prompt_logprobs(fields: dict, prompt_logprobs: int | None) -> None:
     req = parse(**fields)
-    assert req.prompt_logprobs == prompt_logprobs
-    assert req.logprobs == fields.get("logprobs")
+    assert req.sampling.prompt_logprobs == prompt_logprobs
+    assert req.sampling.logprobs == fields.get("logprobs")
 
 
 @pytest.mark.parametrize(

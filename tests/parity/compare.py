@@ -7,8 +7,8 @@ Pure functions over parsed replies, so the comparison itself is unit-tested with
 * JSON key order (replies are compared as parsed values);
 * float noise below ``FLOAT_TOL`` (two engine instances batch the same requests differently, and
   float32 matmuls over different batch shapes differ in the last bits);
-* error messages (compared on status, ``error.type``, ``error.param`` and ``error.code``, as the
-  behaviour reference recommends: vLLM's wording changes between releases);
+* error messages (compared on status, ``error.type``, ``error.param`` and ``error.code``:
+  vLLM's wording changes between releases);
 * for streams, chunk boundaries: vLLM merges deltas when its consumer lags, so a stream is
   compared as its per-index concatenation (text, token ids, logprobs), the ordered finish
   reasons per index, the final usage chunk, the ``[DONE]`` count and the error events.

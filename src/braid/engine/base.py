@@ -66,7 +66,13 @@ class ModelInfo:
 
 @attrs.frozen
 class SamplingParams:
-    """What the engine samples with. Validated by braid before it reaches any engine."""
+    """What the engine samples with. Validated by braid before it reaches any engine.
+
+    The one declaration of the sampling fields: :func:`braid.request.parse_request` fills each
+    from the body field of the same name (absent or null: the default here), and the vLLM engine
+    passes each to vLLM's ``SamplingParams`` under the same name. A new field that passes straight
+    through is declared here and in the request's wire schema, and nowhere else.
+    """
 
     max_tokens: int = attrs.field(validator=attrs.validators.ge(1))
     n: int = attrs.field(default=1, validator=attrs.validators.ge(1))

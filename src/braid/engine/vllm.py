@@ -31,12 +31,13 @@ from braid.engine.base import ChoiceDelta, EngineOutput, EngineRequest, Logprob,
 from braid.errors import BraidError, EngineError, EngineRejected, EngineUnavailable
 
 
-# What vLLM needs on a CPU machine (shared/reference/vllm-cpu.md). tools/servers.py gives vLLM's
+# What vLLM needs on a CPU machine. tools/servers.py gives vLLM's
 # own server the same, so the parity tier and the benchmarks compare like with like.
 OFFLINE_ENVIRONMENT = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 CPU_ENVIRONMENT = {
     "VLLM_TARGET_DEVICE": "cpu",
-    # vLLM torch.compiles its logprobs op even with enforce_eager: 11-17 s on first use.
+    # vLLM torch.compiles its logprobs op even with enforce_eager, which stalls the first request
+    # that asks for logprobs (docs/performance.md).
     "TORCH_COMPILE_DISABLE": "1",
     "VLLM_CPU_KVCACHE_SPACE": "1",
     # the "uni" executor is silently replaced by "mp" unless this is 0
@@ -79,7 +80,7 @@ class HfTokenizer:
     def __init__(self, tok: Any, vocab_size: int) -> None:
         self._tok = tok
         self.vocab_size = vocab_size
-        # vLLM's own rule (vllm/tokenizers/hf.py): the longest vocabulary entry, as stored.
+        # vLLM's own rule (its Hugging Face tokenizer wrapper): the longest vocabulary entry, as stored.
         self.max_chars_per_token = max((len(t) for t in tok.get_vocab()), default=1)
         self._worker_backend: Any = None
         self._worker_tok: Any = None
@@ -150,34 +151,20 @@ def map_error(exc: BaseException) -> BaseException:
 
 
 def vllm_sampling_params(params_cls: Any, kind: Any, p: SamplingParams, *, final_only: bool = False) -> Any:
-    """braid's validated SamplingParams -> vLLM's (``kind`` is vLLM's RequestOutputKind)."""
-    return params_cls(
-        n=p.n,
-        max_tokens=p.max_tokens,
-        temperature=p.temperature,
-        top_p=p.top_p,
-        top_k=p.top_k,
-        min_p=p.min_p,
-        seed=p.seed,
-        stop=list(p.stop),
-        stop_token_ids=list(p.stop_token_ids),
-        include_stop_str_in_output=p.include_stop_str_in_output,
-        ignore_eos=p.ignore_eos,
-        min_tokens=p.min_tokens,
-        logprobs=p.logprobs,
-        prompt_logprobs=p.prompt_logprobs,
-        presence_penalty=p.presence_penalty,
-        frequency_penalty=p.frequency_penalty,
-        repetition_penalty=p.repetition_penalty,
-        skip_special_tokens=p.skip_special_tokens,
-        spaces_between_special_tokens=p.spaces_between_special_tokens,
-        logit_bias=None if p.logit_bias is None else dict(p.logit_bias),
-        allowed_token_ids=None if p.allowed_token_ids is None else list(p.allowed_token_ids),
-        bad_words=None if p.bad_words is None else list(p.bad_words),
-        # FINAL_ONLY for a non-streaming response, as vLLM's own server does: one output per
-        # request instead of one per step, each of which crosses to the Trio thread.
-        output_kind=kind.FINAL_ONLY if final_only else kind.DELTA,
-    )
+    """braid's validated SamplingParams -> vLLM's (``kind`` is vLLM's RequestOutputKind).
+
+    Every field goes to vLLM under its own name; braid's tuples become the lists (``logit_bias``:
+    the dict) that vLLM's checks expect.
+    """
+    kwargs = attrs.asdict(p, recurse=False)
+    for name, value in kwargs.items():
+        if isinstance(value, tuple):
+            kwargs[name] = list(value)
+    if p.logit_bias is not None:
+        kwargs["logit_bias"] = dict(p.logit_bias)
+    # FINAL_ONLY for a non-streaming response, as vLLM's own server does: one output per
+    # request instead of one per step, each of which crosses to the Trio thread.
+    return params_cls(**kwargs, output_kind=kind.FINAL_ONLY if final_only else kind.DELTA)
 
 
 _FAIL = re.compile(r"braid:fail@(\d+)")
@@ -271,7 +258,7 @@ def _freeze_vllm_env() -> None:
     """Cache vLLM's environment settings from here on, as its EngineCore process does for itself.
 
     Uncached, every ``vllm.envs.X`` is an ``os.getenv``, and the output processor reads several
-    for every output of every request: ~15% of the asyncio thread at 64 concurrent streams.
+    for every output of every request, a visible share of the asyncio thread under load.
     braid sets all of vLLM's environment before the engine starts and never changes it after.
     """
     from vllm import envs

@@ -1,0 +1,82 @@
+"""vllm_sampling_params: braid's SamplingParams -> vLLM's, one field at a time."""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+import pytest
+
+from braid.engine.base import SamplingParams
+from braid.engine.vllm import vllm_sampling_params
+
+NAMES = {field.name for field in attrs.fields(SamplingParams)}
+SET = SamplingParams(
+    max_tokens=5,
+    n=2,
+    temperature=0.5,
+    top_p=0.9,
+    top_k=3,
+    min_p=0.1,
+    seed=7,
+    stop=("x", "y"),
+    stop_token_ids=(4,),
+    include_stop_str_in_output=True,
+    ignore_eos=True,
+    min_tokens=1,
+    logprobs=2,
+    prompt_logprobs=1,
+    presence_penalty=0.5,
+    frequency_penalty=-0.5,
+    repetition_penalty=1.5,
+    skip_special_tokens=False,
+    spaces_between_special_tokens=False,
+    logit_bias=((5, 1.0), (6, -2.0)),
+    allowed_token_ids=(5, 6),
+    bad_words=("no",),
+)
+
+
+class Kind(enum.Enum):
+    DELTA = 0
+    FINAL_ONLY = 2
+
+
+def record(p: SamplingParams, *, final_only: bool = False) -> dict[str, object]:
+    recorded: dict[str, object] = {}
+    vllm_sampling_params(lambda **kwargs: recorded.update(kwargs), Kind, p, final_only=final_only)
+    return recorded
+
+
+def test_every_field_is_set_apart_from_its_default() -> None:
+    default = SamplingParams(max_tokens=16)
+    assert [name for name in NAMES if getattr(SET, name) == getattr(default, name)] == []
+
+
+def test_every_field_reaches_vllm_under_its_own_name() -> None:
+    assert record(SET) == {
+        **attrs.asdict(SET),
+        "stop": ["x", "y"],
+        "stop_token_ids": [4],
+        "logit_bias": {5: 1.0, 6: -2.0},
+        "allowed_token_ids": [5, 6],
+        "bad_words": ["no"],
+        "output_kind": Kind.DELTA,
+    }
+
+
+def test_absent_lists_stay_none_and_empty_ones_become_lists() -> None:
+    sent = record(SamplingParams(max_tokens=1))
+    assert (sent["logit_bias"], sent["allowed_token_ids"], sent["bad_words"]) == (None, None, None)
+    assert (sent["stop"], sent["stop_token_ids"]) == ([], [])
+
+
+def test_a_non_streaming_request_asks_for_the_final_output_only() -> None:
+    assert record(SET, final_only=True)["output_kind"] is Kind.FINAL_ONLY
+
+
+def test_vllm_takes_every_field() -> None:
+    sampling_params = pytest.importorskip("vllm.sampling_params")
+    assert NAMES <= set(sampling_params.SamplingParams.__struct_fields__)
+    params = vllm_sampling_params(sampling_params.SamplingParams, sampling_params.RequestOutputKind, SET)
+    assert (params.n, params.max_tokens, params.stop, params.bad_words) == (2, 5, ["x", "y"], ["no"])
