@@ -16,7 +16,8 @@ import trio
 
 from braid.engine.base import ChoiceDelta, EngineOutput
 from braid.engine.scripted import ScriptedEngine
-from braid.http.app import Settings, create_app
+from braid.http.app import create_app
+from braid.http.view import Settings
 from braid.merge import StreamMerger
 from braid.plan import make_plan
 from braid.request import Limits, parse_request

@@ -27,13 +27,9 @@ import trio.testing
 from braid.encode import error_body
 from braid.engine.base import EngineOutput, EngineRequest, FailureHandler
 from braid.engine.scripted import ScriptedEngine
-from braid.errors import BraidError, EngineError, EngineRejected, InvalidRequest
-from braid.http.body import CompletionStream
-from braid.merge import ResponseCollector, StreamMerger
+from braid.errors import BraidError, EngineError, EngineRejected
+from braid.http.view import AppState, JsonResponse, Settings, completions
 from braid.metrics import Metrics
-from braid.plan import make_plan
-from braid.request import Limits, parse_request
-from braid.run import CompletionRun
 from model.stream import parse_sse
 
 METRICS = Metrics()  # values are irrelevant here; one registry avoids re-registering per example
@@ -238,8 +234,8 @@ async def _client_send(rec: Recorder, data: bytes, wait: float) -> None:
             await trio.sleep_until(at + length)
 
 
-def _error_response(exc: BaseException) -> tuple[int, bytes]:
-    """What the app answers for an exception escaping the view.
+def _error_response(exc: BaseException) -> JsonResponse:
+    """What the app answers for an exception escaping the view (which answers BraidErrors itself).
 
     quart-trio tries the handlers on each member of an exception group in turn; braid has one for
     BraidError and a catch-all 500 for any other Exception, so the first member decides.
@@ -247,47 +243,35 @@ def _error_response(exc: BaseException) -> tuple[int, bytes]:
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
     if isinstance(exc, BraidError):
-        return exc.status, error_body(exc)
+        return JsonResponse(exc.status, error_body(exc))
     if isinstance(exc, Exception):
-        return 500, error_body(BraidError("Internal server error"))
+        return JsonResponse(500, error_body(BraidError("Internal server error")))
     raise exc
 
 
 async def _respond(engine: RecordingEngine, rec: Recorder, rid: str) -> None:
-    """What the completions view does, from the body bytes to the last byte of the response."""
+    """The app's completions route, from the body bytes to the last byte of the response.
+
+    The view is the production one (:func:`braid.http.view.completions`); its ids come from
+    ``rid``, the prefix of the engine request ids that ``engine`` records under.
+    """
     s = rec.scenario
-    info = engine.info
-    limits = Limits(max_logprobs=info.max_logprobs, vocab_size=info.vocab_size)
+    settings = Settings(buffer=s.buffer, stall_timeout=s.stall_timeout, heartbeat=s.heartbeat)
+    state = AppState(engine, settings, METRICS, new_id=lambda: rid.removeprefix("cmpl-"), now=lambda: 0.0)
     try:
-        req = parse_request(s.body(), limits)
-        plan = make_plan(req, info, engine.tokenizer, request_id=rid, created=0)
-    except InvalidRequest as err:
-        await trio.lowlevel.checkpoint()
-        rec.add("json", status=err.status, body=json.loads(error_body(err)))
-        return
-    run = CompletionRun(engine, plan, METRICS, buffer=s.buffer, stall_timeout=s.stall_timeout)
-    try:
-        if plan.stream:
-            body = CompletionStream(run, StreamMerger(plan, engine.tokenizer), heartbeat=s.heartbeat)
-            async with body as response_body:  # exactly quart's ASGIHTTPConnection._send_response
-                last = trio.current_time()
-                async for data in response_body:
-                    await _client_send(rec, data, trio.current_time() - last)
-                    last = trio.current_time()
-            return
-        collector = ResponseCollector(plan, engine.tokenizer)
         try:
-            async with run:  # exactly the non-streaming view
-                while True:
-                    try:
-                        collector.feed(await run.receive_ready())
-                    except trio.EndOfChannel:
-                        break
-            status, payload = 200, collector.body()
+            response = await completions(state, s.body(), content_type="application/json", request_id=None)
         except Exception as exc:  # noqa: BLE001 - the app's error handlers
-            status, payload = _error_response(exc)
-        await trio.lowlevel.checkpoint()
-        rec.add("json", status=status, body=json.loads(payload))
+            response = _error_response(exc)
+        if isinstance(response, JsonResponse):
+            await trio.lowlevel.checkpoint()  # the send
+            rec.add("json", status=response.status, body=json.loads(response.body))
+            return
+        async with response as body:  # exactly quart's ASGIHTTPConnection._send_response
+            last = trio.current_time()
+            async for data in body:
+                await _client_send(rec, data, trio.current_time() - last)
+                last = trio.current_time()
     finally:
         rec.left_running = len(rec.open_engine)
 

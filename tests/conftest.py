@@ -15,7 +15,8 @@ import pytest
 import trio
 
 from braid.engine.scripted import ScriptedEngine
-from braid.http.app import BraidApp, Settings, create_app
+from braid.http.app import BraidApp, create_app
+from braid.http.view import Settings
 from braid.server import ServerConfig, serve
 from tests.parity.compare import parse_sse as _parse_sse
 from tools.servers import ServerProcess, run_braid

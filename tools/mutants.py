@@ -145,6 +145,13 @@ MUTANTS = [
         (("            raise self.error from None", "            return"),),
         "a run whose drivers all ended because of an error looks like a normal end",
     ),
+    Mutant(
+        "run_error_as_500",
+        "http/view.py",
+        (("        if isinstance(error, BraidError):\n            return _error(error)",
+          "        if isinstance(error, BraidError):\n            return JsonResponse(500, error_body(error))"),),
+        "the view answers every failed non-streaming run with a 500, whatever its error",
+    ),
 ]
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import trio
 
 from braid.engine.scripted import ScriptedEngine
-from braid.http.app import BraidApp, Settings, create_app
+from braid.http.app import BraidApp, create_app
+from braid.http.view import Settings
 from braid.server import ServerConfig, serve
 
 

@@ -176,7 +176,8 @@ def _set_switch_interval(seconds: float | None, *, two_threads: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from braid.http.app import Settings, create_app
+    from braid.http.app import create_app
+    from braid.http.view import Settings
     from braid.server import ServerConfig, serve
 
     args = _parser().parse_args(argv)

@@ -1,19 +1,18 @@
-"""The quart-trio app: routes, error rendering, and the completions view.
+"""The quart-trio app: routes and error rendering.
 
-The view is the whole data path in order: validate (:mod:`braid.request`), tokenize
-(:mod:`braid.tokenize`), plan (:mod:`braid.plan`), run (:mod:`braid.run`), merge
-(:mod:`braid.merge`), encode (:mod:`braid.encode`). Everything that can fail before generation
-fails here, as a JSON error, before a 200 is committed; later failures become an SSE error event
-(streams) or a JSON error (non-streaming responses, which are sent only when complete).
+The completions view is :func:`braid.http.view.completions`, quart-free; the route here reads the
+body, calls it, and turns its answer into a quart ``Response`` (a JSON body, or the
+``CompletionStream`` as a ``text/event-stream`` body without quart's response timeout). The
+handlers below render what escapes a view: a :class:`~braid.errors.BraidError` as its JSON error,
+werkzeug's HTTP errors (e.g. a body over quart's size limit) in vLLM's format, anything else as a
+500.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-import uuid
 
-import attrs
 import msgspec
 import trio
 from quart import Response, request
@@ -24,40 +23,12 @@ from werkzeug.exceptions import HTTPException
 import braid
 from braid.encode import error_body
 from braid.engine.base import Engine
-from braid.errors import BraidError, EngineUnavailable, ModelNotFound, SchemaError, error_payload
-from braid.http.body import CompletionStream
-from braid.merge import ResponseCollector, StreamMerger
+from braid.errors import BraidError, error_payload
+from braid.http import view
+from braid.http.view import AppState, JsonResponse, Settings
 from braid.metrics import Metrics
-from braid.plan import check_limits, make_plan
-from braid.request import Limits, parse_request
-from braid.run import CompletionRun
-from braid.tokenize import encode_prompts
 
 log = logging.getLogger("braid")
-
-
-@attrs.frozen
-class Settings:
-    max_prompts: int = 1024
-    max_choices: int = 4096
-    buffer: int = 64
-    # Both > 0: a heartbeat of 0 would make every stream's clock spin (braid.run).
-    stall_timeout: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
-    heartbeat: float = attrs.field(default=15.0, validator=attrs.validators.gt(0))
-    # vLLM's --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens
-    prompt_tokens_details: bool = False
-
-
-@attrs.define(eq=False)
-class AppState:
-    engine: Engine
-    settings: Settings
-    metrics: Metrics
-    limits: Limits
-    draining: bool = False
-    # One large batch tokenizes on a worker thread at a time (the tokenizer's worker copy is
-    # not shared between threads; see braid.tokenize).
-    tokenize_limiter: trio.CapacityLimiter = attrs.Factory(lambda: trio.CapacityLimiter(1))
 
 
 class _KeepAliveSafeConnection(TrioASGIHTTPConnection):
@@ -93,14 +64,8 @@ def _json(body: bytes, status: int = 200) -> Response:
 def create_app(engine: Engine, settings: Settings | None = None, metrics: Metrics | None = None) -> BraidApp:
     settings = settings or Settings()
     info = engine.info
-    limits = Limits(
-        max_prompts=settings.max_prompts,
-        max_choices=settings.max_choices,
-        max_logprobs=info.max_logprobs,
-        vocab_size=info.vocab_size,
-    )
     app = BraidApp("braid")
-    state = AppState(engine, settings, metrics or Metrics(), limits)
+    state = AppState(engine, settings, metrics or Metrics())
     unfinished = getattr(engine, "unfinished_requests", None)
     if unfinished is not None:
         state.metrics.track_engine_unfinished(unfinished)
@@ -123,44 +88,20 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
 
     @app.post("/v1/completions")
     async def completions() -> Response:
-        if request.mimetype != "application/json":
-            raise SchemaError("Unsupported Media Type: Only 'application/json' is allowed")
-        if state.draining or not engine.healthy:
-            raise EngineUnavailable("The server is shutting down." if state.draining else "The engine is not running.")
-        body = await request.get_data(cache=False)
-        req = parse_request(body, limits)  # type: ignore[arg-type]
-        if req.model is not None and req.model != info.name:
-            raise ModelNotFound(f"The model `{req.model}` does not exist.", param="model")
-        rid = request.headers.get("X-Request-Id") or req.request_id
-        # The response id may be the client's own; the engine's ids must be unique, because a
-        # batch abort names the requests to drop by them (two clients may send the same id).
-        unique = uuid.uuid4().hex
-        check_limits(req, info, engine.tokenizer)  # before tokenizing: an over-long text costs nothing
-        encoded = await encode_prompts(req, engine.tokenizer, state.tokenize_limiter)
-        plan = make_plan(
-            req, info, engine.tokenizer, request_id=f"cmpl-{rid or unique}", created=int(time.time()),
-            engine_request_id=f"cmpl-{rid}-{unique[:8]}" if rid else None, encoded=encoded,
-            cached_tokens=settings.prompt_tokens_details,
+        body = await request.get_data(cache=False, as_text=False, parse_form_data=False)
+        result = await view.completions(
+            state, body, content_type=request.headers.get("Content-Type"), request_id=request.headers.get("X-Request-Id")
         )
-        run = CompletionRun(engine, plan, state.metrics, buffer=settings.buffer, stall_timeout=settings.stall_timeout)
-        if plan.stream:
-            stream = CompletionStream(run, StreamMerger(plan, engine.tokenizer), heartbeat=settings.heartbeat)
-            response = Response(
-                stream,
-                status=200,
-                mimetype="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            )
-            response.timeout = None  # quart's 60 s RESPONSE_TIMEOUT would cut long streams
-            return response
-        collector = ResponseCollector(plan, engine.tokenizer)
-        async with run:
-            while True:
-                try:
-                    collector.feed(await run.receive_ready())
-                except trio.EndOfChannel:
-                    break
-        return _json(collector.body())
+        if isinstance(result, JsonResponse):
+            return _json(result.body, result.status)
+        response = Response(
+            result,
+            status=200,
+            mimetype="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        response.timeout = None  # quart's 60 s RESPONSE_TIMEOUT would cut long streams
+        return response
 
     @app.get("/v1/models")
     async def models() -> Response:

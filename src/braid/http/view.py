@@ -1,0 +1,176 @@
+"""The completions view, without quart: request bytes and headers in, a response to send out.
+
+:func:`completions` is the whole data path of ``POST /v1/completions`` in order: validate
+(:mod:`braid.request`), tokenize (:mod:`braid.tokenize`), plan (:mod:`braid.plan`), run
+(:mod:`braid.run`), merge (:mod:`braid.merge`), encode (:mod:`braid.encode`). The quart route in
+:mod:`braid.http.app` only reads the body, calls it, and wraps what it returns; the property suite
+(``property_tests/harness.py``) calls the same function on a virtual clock, so the suite tests the
+code that serves.
+
+:class:`Settings` (the server's options) and :class:`AppState` (what every request shares) live
+here too, so that nothing on this path imports the quart app.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+
+import attrs
+import trio
+
+from braid.encode import error_body
+from braid.engine.base import Engine
+from braid.errors import BraidError, EngineUnavailable, ModelNotFound, SchemaError
+from braid.http.body import CompletionStream
+from braid.merge import ResponseCollector, StreamMerger
+from braid.metrics import Metrics
+from braid.plan import check_limits, make_plan
+from braid.request import Limits, parse_request
+from braid.run import CompletionRun
+from braid.tokenize import encode_prompts
+
+
+@attrs.frozen
+class Settings:
+    max_prompts: int = 1024
+    max_choices: int = 4096
+    buffer: int = 64
+    # Both > 0: a heartbeat of 0 would make every stream's clock spin (braid.run).
+    stall_timeout: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
+    heartbeat: float = attrs.field(default=15.0, validator=attrs.validators.gt(0))
+    # vLLM's --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens
+    prompt_tokens_details: bool = False
+
+
+def _limits(state: AppState) -> Limits:
+    info = state.engine.info
+    return Limits(
+        max_prompts=state.settings.max_prompts,
+        max_choices=state.settings.max_choices,
+        max_logprobs=info.max_logprobs,
+        vocab_size=info.vocab_size,
+    )
+
+
+@attrs.define(eq=False)
+class AppState:
+    """What every request of one app shares. ``limits`` defaults to the settings' and the model's."""
+
+    engine: Engine
+    settings: Settings
+    metrics: Metrics
+    limits: Limits = attrs.field(default=attrs.Factory(_limits, takes_self=True))
+    draining: bool = False
+    # One large batch tokenizes on a worker thread at a time (the tokenizer's worker copy is
+    # not shared between threads; see braid.tokenize).
+    tokenize_limiter: trio.CapacityLimiter = attrs.Factory(lambda: trio.CapacityLimiter(1))
+    # Where response ids and creation times come from; tests pass fixed ones.
+    new_id: Callable[[], str] = lambda: uuid.uuid4().hex
+    now: Callable[[], float] = time.time
+
+
+@attrs.frozen
+class JsonResponse:
+    """A complete ``application/json`` response."""
+
+    status: int
+    body: bytes
+
+
+async def completions(
+    state: AppState, body: bytes, *, content_type: str | None, request_id: str | None
+) -> JsonResponse | CompletionStream:
+    """Answer one completions request: a JSON response, or the stream to send as a 200.
+
+    ``content_type`` and ``request_id`` are the request's ``Content-Type`` and ``X-Request-Id``
+    headers (``None`` when absent).
+
+    * Every :class:`~braid.errors.BraidError` before a response is committed comes back as its
+      JSON error (status and vLLM's body): a body that is not JSON, an invalid or over-long
+      request (400), an unknown model (404), a draining server or dead engine (503). No engine
+      request has been opened by then.
+    * A streaming request returns a :class:`CompletionStream`, not yet started: the caller sends
+      it as quart sends a ``ResponseBody`` (``async with stream: async for data in stream:``),
+      and its run opens in ``__aenter__``. Errors after that are SSE error events.
+    * A non-streaming request runs here, to the end (all or nothing): 200 with the body, or the
+      run's error (engine failure 500, late rejection 400) as its JSON error, unwrapped from the
+      run's exception group.
+    * Cancellation (client gone, drain deadline) propagates, as it came, after the run has aborted
+      every engine request it opened; it is never turned into a response.
+    * Anything else is a bug, raised as it is (a single error out of the run's group unwrapped);
+      the app answers it with a 500.
+    """
+    try:
+        return await _completions(state, body, content_type, request_id)
+    except BraidError as err:
+        return _error(err)
+    except BaseExceptionGroup as group:
+        error = _single(group)
+        if isinstance(error, BraidError):
+            return _error(error)
+        if error is None or isinstance(error, trio.Cancelled):
+            raise  # cancellation (trio's scopes take groups), or several errors: as it came
+        raise error from None
+
+
+async def _completions(
+    state: AppState, body: bytes, content_type: str | None, request_id: str | None
+) -> JsonResponse | CompletionStream:
+    engine, settings = state.engine, state.settings
+    info = engine.info
+    if (content_type or "").partition(";")[0].strip().lower() != "application/json":
+        raise SchemaError("Unsupported Media Type: Only 'application/json' is allowed")
+    if state.draining or not engine.healthy:
+        raise EngineUnavailable("The server is shutting down." if state.draining else "The engine is not running.")
+    req = parse_request(body, state.limits)
+    if req.model is not None and req.model != info.name:
+        raise ModelNotFound(f"The model `{req.model}` does not exist.", param="model")
+    rid = request_id or req.request_id
+    # The response id may be the client's own; the engine's ids must be unique, because a
+    # batch abort names the requests to drop by them (two clients may send the same id).
+    unique = state.new_id()
+    check_limits(req, info, engine.tokenizer)  # before tokenizing: an over-long text costs nothing
+    encoded = await encode_prompts(req, engine.tokenizer, state.tokenize_limiter)
+    plan = make_plan(
+        req,
+        info,
+        engine.tokenizer,
+        request_id=f"cmpl-{rid or unique}",
+        created=int(state.now()),
+        engine_request_id=f"cmpl-{rid}-{unique[:8]}" if rid else None,
+        encoded=encoded,
+        cached_tokens=settings.prompt_tokens_details,
+    )
+    run = CompletionRun(engine, plan, state.metrics, buffer=settings.buffer, stall_timeout=settings.stall_timeout)
+    if plan.stream:
+        return CompletionStream(run, StreamMerger(plan, engine.tokenizer), heartbeat=settings.heartbeat)
+    collector = ResponseCollector(plan, engine.tokenizer)
+    async with run:
+        while True:
+            try:
+                collector.feed(await run.receive_ready())
+            except trio.EndOfChannel:
+                break
+    return JsonResponse(200, collector.body())
+
+
+def _error(err: BraidError) -> JsonResponse:
+    return JsonResponse(err.status, error_body(err))
+
+
+def _single(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The group's only leaf exception (through nested groups), or None if it holds several."""
+    leaves: list[BaseException] = []
+    stack: list[BaseException] = [group]
+    while stack:
+        exc = stack.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            stack.extend(exc.exceptions)
+        else:
+            leaves.append(exc)
+    return leaves[0] if len(leaves) == 1 else None
+
+
+__all__ = ["AppState", "JsonResponse", "Settings", "completions"]

@@ -1,0 +1,136 @@
+"""braid.http.view.completions called directly: no quart, no sockets, one trio run per test."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+
+from braid.engine.base import EngineOutput, EngineRequest
+from braid.engine.scripted import ScriptedEngine
+from braid.http.body import CompletionStream
+from braid.http.view import AppState, JsonResponse, Settings, completions
+from braid.metrics import Metrics
+from tests.conftest import parse_sse
+
+JSON = "application/json"
+
+
+def state(engine: ScriptedEngine | None = None, **settings: Any) -> AppState:
+    engine = engine or ScriptedEngine(token_delay=0.0)
+    return AppState(engine, Settings(**settings), Metrics(), new_id=lambda: "0123456789abcdef", now=lambda: 1234.5)
+
+
+def started(st: AppState) -> float:
+    """Engine requests the app's runs have started."""
+    return st.metrics.registry.get_sample_value("braid_engine_requests_total") or 0.0
+
+
+def body(**fields: Any) -> bytes:
+    return json.dumps({"prompt": ["Hello", "World"], "max_tokens": 3, "temperature": 0, **fields}).encode()
+
+
+async def test_a_valid_request_runs_to_one_json_body() -> None:
+    st = state()
+    r = await completions(st, body(), content_type=JSON, request_id=None)
+    assert isinstance(r, JsonResponse) and r.status == 200
+    data = json.loads(r.body)
+    assert (data["id"], data["created"], data["model"]) == ("cmpl-0123456789abcdef", 1234, "scripted")
+    assert [c["index"] for c in data["choices"]] == [0, 1]
+    assert all(c["finish_reason"] in {"stop", "length"} for c in data["choices"])
+    assert st.engine.in_flight == 0  # type: ignore[attr-defined]
+
+
+async def test_the_request_id_header_names_the_response_and_wins_over_the_body() -> None:
+    r = await completions(
+        state(), body(request_id="from-body"), content_type=f"{JSON}; charset=utf-8", request_id="abc"
+    )
+    assert isinstance(r, JsonResponse) and json.loads(r.body)["id"] == "cmpl-abc"
+    r = await completions(state(), body(request_id="from-body"), content_type=JSON, request_id=None)
+    assert isinstance(r, JsonResponse) and json.loads(r.body)["id"] == "cmpl-from-body"
+
+
+@pytest.mark.parametrize(
+    ("payload", "content_type", "status", "message"),
+    [
+        (body(n=0), JSON, 400, "n must be between 1 and 256"),
+        (b"{not json", JSON, 400, ""),
+        (body(), "text/plain", 400, "Unsupported Media Type: Only 'application/json' is allowed"),
+        (body(), None, 400, "Unsupported Media Type: Only 'application/json' is allowed"),
+        (body(model="other"), JSON, 404, "The model `other` does not exist."),
+        (body(max_tokens=10**6), JSON, 400, "cannot be greater than max_model_len"),
+    ],
+    ids=["n=0", "not-json", "text-plain", "no-content-type", "unknown-model", "max_tokens-over-context"],
+)
+async def test_a_refused_request_is_a_json_error_before_any_engine_request(
+    payload: bytes, content_type: str | None, status: int, message: str
+) -> None:
+    st = state()
+    r = await completions(st, payload, content_type=content_type, request_id=None)
+    assert isinstance(r, JsonResponse) and r.status == status
+    error = json.loads(r.body)["error"]
+    assert error["code"] == status and message in error["message"]
+    assert st.engine.in_flight == 0 and started(st) == 0  # type: ignore[attr-defined]
+
+
+async def test_a_draining_server_refuses_with_503() -> None:
+    st = state()
+    st.draining = True
+    r = await completions(st, body(), content_type=JSON, request_id=None)
+    assert isinstance(r, JsonResponse) and r.status == 503
+    assert json.loads(r.body)["error"]["message"] == "The server is shutting down."
+
+
+@pytest.mark.parametrize(
+    ("hook", "status", "type_"),
+    [("braid:fail@1", 500, "InternalServerError"), ("braid:invalid", 400, "BadRequestError")],
+)
+async def test_a_failed_run_is_its_own_json_error_not_a_group(hook: str, status: int, type_: str) -> None:
+    st = state()
+    r = await completions(st, body(prompt=["ok", f"x {hook}"], max_tokens=5), content_type=JSON, request_id=None)
+    assert isinstance(r, JsonResponse) and r.status == status
+    error = json.loads(r.body)["error"]
+    assert (error["code"], error["type"]) == (status, type_)
+    assert st.engine.in_flight == 0  # type: ignore[attr-defined]
+
+
+async def test_a_stream_is_returned_unstarted_and_sends_as_quart_sends_a_body() -> None:
+    st = state()
+    r = await completions(st, body(stream=True), content_type=JSON, request_id=None)
+    assert isinstance(r, CompletionStream)
+    assert started(st) == 0  # the run opens in __aenter__
+    sent = b""
+    async with r as stream:
+        async for data in stream:
+            sent += data
+    events = parse_sse(sent)
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    assert {e["choices"][0]["index"] for e in events if isinstance(e, dict)} == {0, 1}
+    assert started(st) == 2 and st.engine.in_flight == 0  # type: ignore[attr-defined]
+
+
+async def test_cancellation_propagates_after_every_engine_request_is_aborted() -> None:
+    engine = ScriptedEngine(token_delay=1.0)
+    with trio.move_on_after(0.05) as scope:
+        await completions(state(engine), body(max_tokens=50, ignore_eos=True), content_type=JSON, request_id=None)
+    assert scope.cancelled_caught
+    assert engine.in_flight == 0 and sorted(engine.aborted_ids) == [
+        "cmpl-0123456789abcdef-0",
+        "cmpl-0123456789abcdef-1",
+    ]
+
+
+class _BrokenEngine(ScriptedEngine):
+    @asynccontextmanager
+    async def open_request(self, request: EngineRequest) -> AsyncIterator[AsyncIterator[EngineOutput]]:
+        raise RuntimeError("a bug")
+        yield  # pragma: no cover
+
+
+async def test_a_bug_in_a_run_is_raised_unwrapped() -> None:
+    with pytest.raises(RuntimeError, match="a bug"):
+        await completions(state(_BrokenEngine()), body(prompt="one"), content_type=JSON, request_id=None)
