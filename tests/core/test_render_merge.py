@@ -207,7 +207,7 @@ async def test_streamed_texts_concatenate_to_the_non_streaming_texts(name: str) 
 @pytest.mark.parametrize("name", BODIES)
 async def test_exactly_one_finish_reason_per_choice_on_its_last_chunk(name: str) -> None:
     plan, _, events = await run_stream(BODIES[name], seed=4)
-    for g, parts in by_index(events).items():
+    for parts in by_index(events).values():
         reasons = [p["finish_reason"] for p in parts]
         assert reasons[-1] in {"stop", "length"}
         assert reasons[:-1] == [None] * (len(parts) - 1)

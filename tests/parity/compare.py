@@ -185,7 +185,7 @@ def diff(a: Any, b: Any, path: str = "$") -> list[str]:
         if len(a) != len(b):
             return [f"{path}: length {len(a)} != {len(b)} ({_short(a)} vs {_short(b)})"]
         out = []
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             out += diff(x, y, f"{path}[{i}]")
         return out
     return [] if a == b else [f"{path}: {_short(a)} != {_short(b)}"]
