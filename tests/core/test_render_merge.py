@@ -22,6 +22,7 @@ from braid.merge import Arrival, Phase, ProtocolViolation, ResponseCollector, St
 from braid.plan import Plan, make_plan
 from braid.render import ChoiceRenderer, render_logprobs
 from braid.request import Limits, parse_request
+from tests.helpers import parse_sse
 
 TOK = ByteTokenizer()
 LIMITS = Limits(vocab_size=VOCAB_SIZE)
@@ -68,22 +69,12 @@ def interleave(per_prompt: list[list[EngineOutput]], seed: int) -> list[list[Arr
     return batches
 
 
-def parse_sse(raw: bytes) -> list[object]:
-    events: list[object] = []
-    assert raw.endswith(b"\n\n")
-    for block in raw.decode().split("\n\n")[:-1]:
-        assert block.startswith("data: ") and "\n" not in block, block
-        data = block[len("data: ") :]
-        events.append("[DONE]" if data == "[DONE]" else json.loads(data))
-    return events
-
-
 async def run_stream(body: dict, seed: int = 0) -> tuple[Plan, list[list[EngineOutput]], list[object]]:
     plan = make(body, stream=True)
     per_prompt = await generate(plan)
     merger = StreamMerger(plan, TOK)
     raw = b"".join(merger.feed(batch) for batch in interleave(per_prompt, seed)) + merger.finish()
-    assert merger.phase is Phase.DONE
+    assert merger.phase is Phase.DONE and raw.endswith(b"\n\n")
     return plan, per_prompt, parse_sse(raw)
 
 

@@ -15,8 +15,7 @@ from braid.http.body import GATHER_ROUNDS, CompletionStream, _gather
 from braid.merge import StreamMerger
 from braid.metrics import Metrics
 from braid.run import TICK, CompletionRun
-from tests.conftest import parse_sse
-from tests.test_run import plan_for
+from tests.helpers import parse_sse, plan_for
 
 
 async def _drain(body: CompletionStream) -> list[bytes]:

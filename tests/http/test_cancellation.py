@@ -8,7 +8,7 @@ import httpx
 import pytest
 import trio
 
-from tests.conftest import LiveServer, parse_sse, start_server
+from tests.helpers import LiveServer, parse_sse, start_server
 
 PROMPTS_64 = [f"prompt {i}" for i in range(64)]
 LONG = {"max_tokens": 2000, "ignore_eos": True}
