@@ -7,7 +7,9 @@ modules import from one place and never from each other or from a conftest.
 from __future__ import annotations
 
 import json
+import random
 import threading
+from collections import defaultdict
 from functools import partial
 from typing import Any
 
@@ -16,15 +18,17 @@ import httpx
 import pytest
 import trio
 
-from braid.engine.scripted import ByteTokenizer, ScriptedEngine
+from braid.engine.base import EngineOutput
+from braid.engine.scripted import VOCAB_SIZE, ByteTokenizer, ScriptedEngine
 from braid.http.app import BraidApp, Settings, create_app
+from braid.merge import Arrival, Phase, ResponseCollector, StreamMerger
 from braid.plan import Plan, make_plan
 from braid.request import Limits, parse_request
 from braid.server import ServerConfig, serve
 from braid.tokenize import INLINE_CHARS
 from tools.servers import ServerProcess
 
-# --- SSE -------------------------------------------------------------------------------------------
+# --- SSE ------------------------------------------------------------------------------------------
 
 
 def parse_sse(raw: bytes) -> list[Any]:
@@ -48,7 +52,7 @@ def parse_sse(raw: bytes) -> list[Any]:
     return events
 
 
-# --- braid on a live server ---------------------------------------------------------------------
+# --- braid on a live server -----------------------------------------------------------------------
 
 
 @attrs.define
@@ -129,7 +133,7 @@ class VllmServer:
         return body
 
 
-# --- builders ------------------------------------------------------------------------------------
+# --- builders -------------------------------------------------------------------------------------
 
 
 def plan_for(engine: ScriptedEngine, body: bytes) -> Plan:
@@ -172,3 +176,123 @@ class RecordingTokenizer(ByteTokenizer):
 def big_batch(count: int = 64) -> list[str]:
     per = INLINE_CHARS // count + 8
     return [f"{i:04d}" + "x" * per for i in range(count)]
+
+
+# --- render and merge, fed by the scripted engine -------------------------------------------------
+# The expected values are computed from the engine's own outputs (the deltas it yields), never from
+# braid's rendering, so that every assertion compares two independent derivations.
+
+TOK = ByteTokenizer()
+LIMITS = Limits(vocab_size=VOCAB_SIZE)
+
+
+def ids_of(text: str) -> list[int]:
+    return [b + 3 for b in text.encode()]
+
+
+def make(body: dict, *, stream: bool) -> Plan:
+    body = {**body, "stream": stream}
+    if not stream:
+        body.pop("stream_options", None)
+    engine = ScriptedEngine()
+    req = parse_request(json.dumps(body).encode(), LIMITS)
+    return make_plan(req, engine.info, engine.tokenizer, request_id="cmpl-test", created=1700000000)
+
+
+async def generate(plan: Plan) -> list[list[EngineOutput]]:
+    """Every output of every prompt, per prompt, from a real ScriptedEngine run."""
+    engine = ScriptedEngine()
+    per_prompt = []
+    for item in plan.items:
+        async with engine.open_request(item.request) as outputs:
+            per_prompt.append([o async for o in outputs])
+    assert engine.in_flight == 0 and engine.aborted_total == 0
+    return per_prompt
+
+
+def interleave(per_prompt: list[list[EngineOutput]], seed: int) -> list[list[Arrival]]:
+    """A random arrival order (each prompt's outputs stay in order), cut into random batches."""
+    rng = random.Random(seed)
+    queues = [[(i, o) for o in outs] for i, outs in enumerate(per_prompt)]
+    order: list[Arrival] = []
+    while any(queues):
+        q = rng.choice([q for q in queues if q])
+        order.append(q.pop(0))
+    batches, at = [], 0
+    while at < len(order):
+        size = rng.randint(1, 4)
+        batches.append(order[at : at + size])
+        at += size
+    return batches
+
+
+async def run_stream(body: dict, seed: int = 0) -> tuple[Plan, list[list[EngineOutput]], list[object]]:
+    plan = make(body, stream=True)
+    per_prompt = await generate(plan)
+    merger = StreamMerger(plan, TOK)
+    raw = b"".join(merger.feed(batch) for batch in interleave(per_prompt, seed)) + merger.finish()
+    assert merger.phase is Phase.DONE and raw.endswith(b"\n\n")
+    return plan, per_prompt, parse_sse(raw)
+
+
+async def run_whole(body: dict, seed: int = 0) -> tuple[Plan, list[list[EngineOutput]], dict]:
+    plan = make(body, stream=False)
+    per_prompt = await generate(plan)
+    collector = ResponseCollector(plan, TOK)
+    for batch in interleave(per_prompt, seed):
+        collector.feed(batch)
+    return plan, per_prompt, json.loads(collector.body())
+
+
+def content_chunks(events: list[object]) -> list[dict]:
+    return [e for e in events if isinstance(e, dict) and e["choices"]]
+
+
+def by_index(events: list[object]) -> dict[int, list[dict]]:
+    out: dict[int, list[dict]] = defaultdict(list)
+    for e in content_chunks(events):
+        assert len(e["choices"]) == 1
+        out[e["choices"][0]["index"]].append(e["choices"][0])
+    return out
+
+
+class Expected:
+    """Per global choice index, what the engine produced (texts, token ids, finish), by hand."""
+
+    def __init__(self, plan: Plan, per_prompt: list[list[EngineOutput]]) -> None:
+        self.text: dict[int, str] = defaultdict(str)
+        self.token_ids: dict[int, list[int]] = defaultdict(list)
+        self.finish: dict[int, tuple[str | None, object]] = {}
+        self.prompt_ids: dict[int, tuple[int, ...]] = {}
+        self.steps: dict[int, list] = defaultdict(list)
+        self.prompt_tokens = 0
+        for i, outs in enumerate(per_prompt):
+            self.prompt_tokens += len(outs[0].prompt_token_ids)
+            for out in outs:
+                for d in out.choices:
+                    g = i * plan.n + d.index
+                    self.text[g] += d.text
+                    self.token_ids[g] += d.token_ids
+                    self.steps[g] += d.logprobs or ()
+                    self.prompt_ids[g] = out.prompt_token_ids
+                    if d.finish_reason is not None:
+                        assert g not in self.finish
+                        self.finish[g] = (d.finish_reason, d.stop_reason)
+        self.completion_tokens = sum(len(t) for t in self.token_ids.values())
+
+
+def cumulative_offsets(tokens: list[str], start: int = 0) -> list[int]:
+    out = []
+    for t in tokens:
+        out.append(start)
+        start += len(t)
+    return out
+
+
+def check_logprobs_entries(lp: dict, plan: Plan) -> None:
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"])
+    for tok, logprob, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], strict=True):
+        assert (logprob is None) == (top is None)
+        if top is not None:
+            assert top[tok] == logprob <= 0
+            assert 1 <= len(top) <= plan.logprobs + 1
