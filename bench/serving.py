@@ -27,7 +27,7 @@ import time
 from contextlib import ExitStack
 from typing import Any
 
-from bench.common import PLOTS, Section, Target, table, section_main
+from bench.common import PLOTS, Section, Target, section_main, table
 from bench.vllm_tools import WORK, Worker, bench_serve_argv, cpu_seconds, engine_core_pid, start_pair
 
 CONCURRENCIES = (1, 16, 64)

@@ -28,7 +28,7 @@ import attrs
 import httpx
 
 from bench.apps.proc import free_port, server
-from bench.common import PLOTS, Section, table, rss_bytes, section_main
+from bench.common import PLOTS, Section, rss_bytes, section_main, table
 
 CLIENTS = 100
 CHUNK = 3072  # bytes read per client per second (less than the 8 KiB receive buffer holds)

@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 
-from bench.common import Section, table, section_main
+from bench.common import Section, section_main, table
 from bench.vllm_tools import random_token_prompts, start_pair
 
 BATCH = 1024
@@ -95,7 +95,7 @@ def _max_gap(times: list[float], start: float, end: float) -> float:
     before = [t for t in times if t < start]
     after = [t for t in times if t > end]
     marks = before[-1:] + inside + after[:1]
-    return max((b - a for a, b in zip(marks, marks[1:])), default=end - start)
+    return max((b - a for a, b in zip(marks, marks[1:], strict=False)), default=end - start)
 
 
 def trial(server: Any, prompts: list[Any], client: httpx.Client, expect: int = 400) -> dict[str, float]:

@@ -26,7 +26,8 @@ from braid.server import ServerConfig, serve
 
 def core(prompts: int = 64, tokens: int = 256) -> float:
     engine = ScriptedEngine()
-    body = ('{"prompt": [%s], "max_tokens": %d, "stream": true}' % (",".join(['"p"'] * prompts), tokens)).encode()
+    listed = ",".join(['"p"'] * prompts)
+    body = f'{{"prompt": [{listed}], "max_tokens": {tokens}, "stream": true}}'.encode()
     plan = make_plan(parse_request(body, Limits(vocab_size=259)), engine.info, engine.tokenizer, request_id="cmpl-b", created=0)
     merger = StreamMerger(plan, engine.tokenizer)
     ids = plan.items[0].request.prompt_token_ids

@@ -277,8 +277,9 @@ def _bench_worker() -> Any:
 
 
 def _offline_worker() -> Any:
-    from tools.servers import engine_settings, tiny_model_dir
     from vllm import LLM, SamplingParams
+
+    from tools.servers import engine_settings, tiny_model_dir
 
     model_dir = str(tiny_model_dir())
     t0 = time.perf_counter()

@@ -20,11 +20,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from braid.engine.scripted import ScriptedEngine
 from model import check_trace
 from model.stream import INVARIANTS
 from property_tests.harness import Recorder, RecordingEngine, Stop, run_request
 from property_tests.strategies import scenarios
-from braid.engine.scripted import ScriptedEngine
 
 # Invariants that a trace cut at an arbitrary instant must already satisfy.
 PREFIX_SAFE = {

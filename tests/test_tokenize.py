@@ -12,49 +12,13 @@ import trio
 from braid.engine.scripted import ByteTokenizer
 from braid.request import Limits, parse_request
 from braid.tokenize import INLINE_CHARS, encode_prompts, text_prompts
+from tests.helpers import RecordingTokenizer, big_batch
 
 TOK = ByteTokenizer()
 
 
 def req(prompt: object, **body: object):  # type: ignore[no-untyped-def]
     return parse_request(json.dumps({"prompt": prompt, **body}).encode(), Limits(vocab_size=TOK.vocab_size))
-
-
-class RecordingTokenizer(ByteTokenizer):
-    """Notes which thread each encode ran on, and how many encode_many calls overlapped."""
-
-    def __init__(self, gate: threading.Event | None = None) -> None:
-        self.threads: list[str] = []  # "inline" (the test's thread) or "worker"
-        self.main = threading.get_ident()
-        self.gate = gate
-        self.active = 0
-        self.most_active = 0
-        self._lock = threading.Lock()
-
-    def _where(self) -> str:
-        return "inline" if threading.get_ident() == self.main else "worker"
-
-    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        self.threads.append(self._where())
-        return super().encode(text, add_special_tokens=add_special_tokens)
-
-    def encode_many(self, texts: list[str], *, add_special_tokens: bool = True) -> list[list[int]]:
-        with self._lock:
-            self.active += 1
-            self.most_active = max(self.most_active, self.active)
-        try:
-            self.threads.append("many:" + self._where())
-            if self.gate is not None:
-                assert self.gate.wait(10), "the Trio thread did not run while the batch was tokenizing"
-            return [ByteTokenizer.encode(self, t, add_special_tokens=add_special_tokens) for t in texts]
-        finally:
-            with self._lock:
-                self.active -= 1
-
-
-def big_batch(count: int = 64) -> list[str]:
-    per = INLINE_CHARS // count + 8
-    return [f"{i:04d}" + "x" * per for i in range(count)]
 
 
 async def test_a_small_request_is_encoded_inline() -> None:

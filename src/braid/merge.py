@@ -18,11 +18,11 @@ from collections.abc import Iterable
 
 import attrs
 
+from braid.encode import DONE, SseEncoder, Usage, completion_body
 from braid.engine.base import EngineOutput, Tokenizer
-from braid.encode import DONE, SseEncoder, Usage, completion_body, logprobs_dict
 from braid.errors import BraidError
 from braid.plan import Plan
-from braid.render import ChoiceChunk, ChoiceRenderer
+from braid.render import ChoiceChunk, ChoiceRenderer, LogprobsFragment
 
 Arrival = tuple[int, EngineOutput]
 """One engine output, tagged with the index of the prompt it belongs to."""
@@ -85,20 +85,21 @@ class StreamMerger:
 @attrs.define
 class _Choice:
     texts: list[str] = attrs.Factory(list)
-    logprobs: list = attrs.Factory(list)
+    logprobs: list[LogprobsFragment] = attrs.Factory(list)
     token_ids: list[int] = attrs.Factory(list)
     first: ChoiceChunk | None = None
     last: ChoiceChunk | None = None
 
 
-def _join_logprobs(fragments: list) -> dict[str, object] | None:
+def _join_logprobs(fragments: list[LogprobsFragment]) -> dict[str, object] | None:
     if not fragments:
         return None
-    out: dict[str, list] = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
-    for f in fragments:
-        for key, value in logprobs_dict(f).items():  # type: ignore[union-attr]
-            out[key].extend(value)
-    return out
+    return {
+        "text_offset": [x for f in fragments for x in f.text_offset],
+        "token_logprobs": [x for f in fragments for x in f.token_logprobs],
+        "tokens": [x for f in fragments for x in f.tokens],
+        "top_logprobs": [x for f in fragments for x in f.top_logprobs],
+    }
 
 
 @attrs.define

@@ -65,7 +65,10 @@ def render_logprobs(
     A position without a step dict (the first prompt token) has a null logprob and null top
     logprobs. ``top_logprobs`` keeps the first ``top + 1`` entries (the actual token first), as vLLM.
     """
-    tokens, token_lps, tops, offsets = [], [], [], []
+    tokens: list[str] = []
+    token_lps: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    offsets: list[int] = []
     for j, t in enumerate(token_ids):
         d = steps[j] if j < len(steps) else None
         if d is None or t not in d:
@@ -151,6 +154,8 @@ class ChoiceRenderer:
             if state.finished:
                 raise ValueError(f"choice {index} got a delta after it finished")
             first = not state.started
+            ids: tuple[int, ...]
+            steps: tuple[TopLogprobs | None, ...]
             if plan.hide_completion:
                 text, ids, steps = "", (), ()
             else:

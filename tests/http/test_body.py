@@ -8,15 +8,14 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
+from braid.encode import HEARTBEAT
 from braid.engine.base import ChoiceDelta, EngineOutput, EngineRequest
 from braid.engine.scripted import ScriptedEngine
 from braid.http.body import GATHER_ROUNDS, CompletionStream, _gather
 from braid.merge import StreamMerger
 from braid.metrics import Metrics
-from braid.encode import HEARTBEAT
 from braid.run import TICK, CompletionRun
-from tests.conftest import parse_sse
-from tests.test_run import plan_for
+from tests.helpers import parse_sse, plan_for
 
 
 async def _drain(body: CompletionStream) -> list[bytes]:

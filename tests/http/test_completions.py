@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.conftest import LiveServer, parse_sse, start_server
+from tests.helpers import LiveServer, RecordingTokenizer, big_batch, parse_sse, start_server
 
 pytestmark = pytest.mark.usefixtures("server")
 
@@ -269,8 +269,6 @@ async def test_requests_sharing_a_client_id_get_distinct_engine_ids(client: http
 
 
 async def test_a_large_text_batch_is_tokenized_off_the_trio_thread(client: httpx.AsyncClient, server: LiveServer) -> None:
-    from tests.test_tokenize import RecordingTokenizer, big_batch
-
     tok = RecordingTokenizer()
     server.engine.tokenizer = tok
     prompts = big_batch(32)
@@ -289,8 +287,6 @@ async def test_a_large_text_batch_is_tokenized_off_the_trio_thread(client: httpx
 
 
 async def test_a_text_over_the_character_bound_is_refused_without_tokenizing(client: httpx.AsyncClient, server: LiveServer) -> None:
-    from tests.test_tokenize import RecordingTokenizer
-
     tok = RecordingTokenizer()
     server.engine.tokenizer = tok
     bound = server.engine.info.max_model_len * tok.max_chars_per_token

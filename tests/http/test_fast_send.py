@@ -19,7 +19,7 @@ from hypercorn.events import Closed, RawData
 from hypercorn.trio.tcp_server import TCPServer
 
 from braid.http.fast_send import FastSendTCPServer, fast_send
-from tests.conftest import parse_sse, start_server
+from tests.helpers import parse_sse, start_server
 
 BIG = bytes(range(256)) * 16384  # 4 MiB: far more than a small socket buffer takes at once
 

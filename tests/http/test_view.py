@@ -15,7 +15,7 @@ from braid.engine.scripted import ScriptedEngine
 from braid.http.body import CompletionStream
 from braid.http.view import AppState, JsonResponse, Settings, completions
 from braid.metrics import Metrics
-from tests.conftest import parse_sse
+from tests.helpers import parse_sse
 
 JSON = "application/json"
 
@@ -126,7 +126,7 @@ async def test_cancellation_propagates_after_every_engine_request_is_aborted() -
 
 class _BrokenEngine(ScriptedEngine):
     @asynccontextmanager
-    async def open_request(self, request: EngineRequest) -> AsyncIterator[AsyncIterator[EngineOutput]]:
+    async def open_request(self, request: EngineRequest, on_failure: object = None) -> AsyncIterator[AsyncIterator[EngineOutput]]:
         raise RuntimeError("a bug")
         yield  # pragma: no cover
 

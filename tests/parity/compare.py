@@ -23,6 +23,8 @@ from typing import Any
 
 import attrs
 
+from tests.helpers import parse_sse
+
 FLOAT_TOL = 2e-3
 IGNORED_KEYS = frozenset({"id", "created", "system_fingerprint"})
 
@@ -42,28 +44,9 @@ class Reply:
         return self.events is not None
 
 
-def parse_sse(raw: bytes) -> tuple[Any, ...]:
-    """SSE bytes -> events. Raises ValueError on anything that is not vLLM-style framing."""
-    events: list[Any] = []
-    for block in raw.decode().split("\n\n"):
-        if not block:
-            continue
-        if "\n" in block:
-            raise ValueError(f"multi-line SSE event: {block[:80]!r}")
-        if block.startswith(":"):
-            events.append(":")
-        elif block == "data: [DONE]":
-            events.append("[DONE]")
-        elif block.startswith("data: "):
-            events.append(json.loads(block[len("data: ") :]))
-        else:
-            raise ValueError(f"not an SSE data line: {block[:80]!r}")
-    return tuple(events)
-
-
 def make_reply(status: int, content_type: str, raw: bytes) -> Reply:
     if status == 200 and content_type.startswith("text/event-stream"):
-        return Reply(status, content_type, events=parse_sse(raw), raw=raw)
+        return Reply(status, content_type, events=tuple(parse_sse(raw)), raw=raw)
     try:
         body = json.loads(raw) if raw else None
     except ValueError:
@@ -185,7 +168,7 @@ def diff(a: Any, b: Any, path: str = "$") -> list[str]:
         if len(a) != len(b):
             return [f"{path}: length {len(a)} != {len(b)} ({_short(a)} vs {_short(b)})"]
         out = []
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             out += diff(x, y, f"{path}[{i}]")
         return out
     return [] if a == b else [f"{path}: {_short(a)} != {_short(b)}"]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from tests.parity.compare import Reply, diff, make_reply, parse_sse, summarize_stream, view
+from tests.helpers import parse_sse
+from tests.parity.compare import Reply, diff, make_reply, summarize_stream, view
 
 
 def _chunk(index: int, text: str, finish: str | None = None, **extra: object) -> bytes:

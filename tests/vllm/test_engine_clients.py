@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import VllmServer, parse_sse
+from tests.helpers import VllmServer, parse_sse
 from tools.servers import run_braid
 
 pytestmark = pytest.mark.vllm

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import VllmServer, parse_sse
+from tests.helpers import VllmServer, parse_sse
 
 pytestmark = pytest.mark.vllm
 

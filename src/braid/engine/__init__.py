@@ -8,8 +8,8 @@ from braid.engine.base import (
     Logprob,
     ModelInfo,
     SamplingParams,
-    TopLogprobs,
     Tokenizer,
+    TopLogprobs,
 )
 
 __all__ = [
