@@ -150,6 +150,9 @@ class RecordingEngine:
     def healthy(self) -> bool:
         return self.inner.healthy
 
+    def unfinished_requests(self) -> int:
+        return self.inner.unfinished_requests()
+
     def abort_requests(self, request_ids):  # type: ignore[no-untyped-def]
         # The model judges each request's own abort (its recorder); the batch call only hurries it.
         pass

@@ -24,7 +24,7 @@ import attrs
 import httpx
 
 from braid.cli import TINY_MODEL_ENGINE_ARGS
-from braid.engine.vllm import CPU_ENGINE_ARGS, CPU_ENVIRONMENT, OFFLINE_ENVIRONMENT
+from braid.engine.vllm_common import CPU_ENGINE_ARGS, CPU_ENVIRONMENT, OFFLINE_ENVIRONMENT
 
 SERVED_NAME = "braid-tiny"
 

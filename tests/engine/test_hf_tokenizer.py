@@ -1,10 +1,10 @@
-"""HfTokenizer's worker side (braid.engine.vllm): which copy encode_many uses, over fake tokenizers."""
+"""HfTokenizer's worker side (braid.engine.vllm_common): which copy encode_many uses, over fake tokenizers."""
 
 from __future__ import annotations
 
 import types
 
-from braid.engine.vllm import HfTokenizer
+from braid.engine.vllm_common import HfTokenizer
 
 
 class FakeBackend:

@@ -18,7 +18,7 @@ import zmq
 
 from braid.engine.base import EngineRequest, ModelInfo, SamplingParams
 from braid.engine.vllm_core import MAX_BURST, OUTPUT_CHUNK, OutputSlot, VllmCoreEngine
-from braid.errors import EngineError, EngineUnavailable
+from braid.errors import BraidError, EngineError, EngineUnavailable
 
 
 class Out:
@@ -28,6 +28,7 @@ class Out:
         self.tokens = list(tokens)
         self.finished = finished
         self.merges: list[bool] = []
+        self.outputs: list[types.SimpleNamespace] = []  # the choices, as far as errors go
 
     def add(self, other: Out, *, aggregate: bool) -> None:
         self.merges.append(aggregate)
@@ -454,3 +455,91 @@ async def test_an_engine_that_reports_itself_dead_fails_open_requests_and_calls(
     with pytest.raises(EngineUnavailable):
         async with engine.open_request(None):  # type: ignore[arg-type]
             pass
+
+
+# -- failures are reported by the pump, after the step's processing, read or not --------------
+
+
+def choice(*tokens: int, finish_reason: str | None = None) -> types.SimpleNamespace:
+    return types.SimpleNamespace(token_ids=list(tokens), finish_reason=finish_reason)
+
+
+@attrs.define
+class PuttingOutputProcessor(FakeOutputProcessor):
+    """Hands each step's outputs to the requests' slots, as vLLM's output processor does: a step
+    output is ``(internal id, Out)``. Records whether a handler ran while it was processing."""
+
+    processing: bool = False
+
+    def process_outputs(self, outputs: list, timestamp: float, stats: object) -> Processed:  # type: ignore[override]
+        self.processing = True
+        try:
+            for rid, out in outputs:
+                self.request_states[rid].queue.put(out)
+        finally:
+            self.processing = False
+        return Processed([])
+
+
+def engine_with_putting_processor() -> tuple[VllmCoreEngine, FakeSocket, PuttingOutputProcessor]:
+    engine, sock, _, _ = make_engine()
+    op = PuttingOutputProcessor()
+    engine.output_processor = op
+    return engine, sock, op
+
+
+ONE = EngineRequest("r", (1, 2), SamplingParams(max_tokens=50), "ab braid:fail@3")
+
+
+async def test_an_error_output_is_reported_after_processing_without_a_reader() -> None:
+    engine, sock, op = engine_with_putting_processor()
+    reported: list[tuple[BraidError, bool]] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(engine.pump_outputs)
+        async with engine.open_request(ONE, lambda err: reported.append((err, op.processing))) as outputs:
+            sock.push(Step([("r-int", Out(1))]))
+            sock.push(Step([("r-int", Out(2))]))
+            sock.push(Step([("r-int", Out(3, finished=True))]))
+            op_out = Out(4, finished=True)
+            op_out.outputs = [choice(4, finish_reason="error")]
+            sock.push(Step([("r-int", op_out)]))
+            await trio.testing.wait_all_tasks_blocked()  # nobody reads meanwhile
+            assert len(reported) == 1
+            error, during_processing = reported[0]
+            assert isinstance(error, EngineError) and not during_processing
+            with pytest.raises(EngineError) as raised:  # the error replaces the untaken outputs
+                await outputs.__anext__()
+            assert raised.value is error
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_fault_hook_fires_where_outputs_are_processed() -> None:
+    engine, sock, op = engine_with_putting_processor()
+    engine.fault_hooks = True
+    reported: list[BraidError] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(engine.pump_outputs)
+        async with engine.open_request(ONE, reported.append) as outputs:
+            for step in range(3):
+                out = Out(step)
+                out.outputs = [choice(step, step)]  # two tokens a step: over 3 at the second
+                sock.push(Step([("r-int", out)]))
+                await trio.testing.wait_all_tasks_blocked()
+                assert len(reported) == (0 if step == 0 else 1)
+            assert "braid:fail@3" in str(reported[0])
+            with pytest.raises(EngineError):
+                await outputs.__anext__()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_dying_engine_reports_every_open_request() -> None:
+    pytest.importorskip("vllm")
+    engine, sock, op = engine_with_putting_processor()
+    reported: list[BraidError] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(engine.pump_outputs)
+        async with engine.open_request(ONE, reported.append), engine.open_request(N2, reported.append):
+            sock.push(DEAD)
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(reported) == 2 and all(isinstance(e, EngineUnavailable) for e in reported)
+    assert not engine.healthy

@@ -183,3 +183,42 @@ async def test_quarts_response_timeout_does_not_cut_streams(nursery: trio.Nurser
             events = parse_sse(await r.aread())
     assert events[-1] == "[DONE]" and sum(1 for e in events if isinstance(e, dict)) == 10
     srv.shutdown.set()
+
+
+async def _open_stalled_client(url: str, body: bytes) -> trio.SocketStream:
+    """A client that sends its request and then reads nothing, with a small receive buffer, so
+    the server's socket, then its stream buffer, then every driver back up behind it."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_STREAM)
+    sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
+    await sock.connect((host, int(port)))
+    stream = trio.SocketStream(sock)
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    await stream.send_all(head.encode() + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    return stream
+
+
+@pytest.mark.parametrize("fail_at", [20, 250])
+async def test_a_failure_aborts_the_batch_while_the_client_reads_nothing(nursery: trio.Nursery, fail_at: int) -> None:
+    """The issue's case: a 64-prompt stream, prompt 40 failing, a client that never calls recv.
+    Every driver is blocked behind the full stream buffer when the engine fails the prompt; the
+    63 siblings must be aborted then (they used to run on until the 30 s stall timeout)."""
+    import json
+
+    srv = await start_server(nursery, token_delay=0.005)
+    prompts = list(PROMPTS_64)
+    prompts[40] = f"prompt 40 braid:fail@{fail_at}"
+    body = json.dumps({"prompt": prompts, "stream": True, "max_tokens": 400, "ignore_eos": True}).encode()
+    stream = await _open_stalled_client(srv.url, body)
+    try:
+        with trio.fail_after(10):  # the failure comes at fail_at x 5 ms of engine time
+            while srv.engine.failed_total == 0:
+                await trio.sleep(0.001)
+        failed_at = trio.current_time()
+        took = await srv.wait_idle(0.1)
+    finally:
+        await stream.aclose()  # else a failed check leaves the server's send blocked for ever
+    assert srv.engine.aborted_total == 63 and srv.engine.finished_total == 0
+    assert srv.gauge("braid_engine_errors_total") == 1 and srv.gauge("braid_engine_aborts_total") == 63
+    print(f"fail@{fail_at}: in flight 0 within {took * 1000:.1f} ms of the failure (at {failed_at:.2f} s)")
+    srv.shutdown.set()

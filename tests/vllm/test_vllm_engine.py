@@ -118,7 +118,7 @@ TOKENIZE_TEXTS = ["Hello, world!", "", "  two  spaces\n\ttab", "naïve café 東
 
 
 def test_the_worker_tokenizer_encodes_like_the_trio_threads() -> None:
-    from braid.engine.vllm import HfTokenizer
+    from braid.engine.vllm_common import HfTokenizer
 
     hf = _tiny_hf_tokenizer()
     tok = HfTokenizer(hf, hf.vocab_size)

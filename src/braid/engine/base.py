@@ -168,6 +168,10 @@ class Engine(Protocol):
     @property
     def healthy(self) -> bool: ...
 
+    def unfinished_requests(self) -> int:
+        """The engine's own count of requests it has not finished (a gauge read at scrape time)."""
+        ...
+
     def open_request(
         self, request: EngineRequest, on_failure: FailureHandler | None = None
     ) -> AbstractAsyncContextManager[AsyncIterator[EngineOutput]]: ...

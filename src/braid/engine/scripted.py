@@ -370,6 +370,9 @@ class ScriptedEngine:
     def failed_total(self) -> int:
         return len(self.failed_ids)
 
+    def unfinished_requests(self) -> int:
+        return self.in_flight
+
     def abort_requests(self, request_ids: Sequence[str]) -> None:
         """Records the batch; each request's own ``open_request`` exit still does the abort."""
         self.batch_aborts.append(tuple(request_ids))
@@ -388,13 +391,19 @@ class ScriptedEngine:
             request, self.token_delay, int(fail.group(1)) if fail else None, "braid:invalid" in text,
             self.prefix_cache.read(request.prompt_token_ids),
         )
+
+        def failed(err: BraidError) -> None:
+            self.failed_ids.append(request.request_id)  # when it fails, not when it is read
+            if on_failure is not None:
+                on_failure(err)
+
         self.in_flight += 1
         try:
             if self.token_delay > 0:
-                async with _on_own_clock(gen, on_failure) as outputs:
+                async with _on_own_clock(gen, failed) as outputs:
                     yield outputs
             else:
-                outputs = gen.lockstep(on_failure)
+                outputs = gen.lockstep(failed)
                 try:
                     yield outputs
                 finally:
@@ -403,9 +412,7 @@ class ScriptedEngine:
             self.in_flight -= 1
             if gen.finished:
                 self.finished_total += 1
-            elif gen.failure is not None:
-                self.failed_ids.append(request.request_id)
-            else:
+            elif gen.failure is None:
                 self.aborted_ids.append(request.request_id)
 
 

@@ -17,6 +17,10 @@ Ownership and cancellation (:func:`open_core_engine`):
 * If the engine dies (the process exits, or it reports itself dead), every open request fails
   with :class:`~braid.errors.EngineUnavailable`, ``healthy`` turns false and new requests are
   refused; the server itself keeps running, so it can say 503.
+* A request's failure (an output that finished with an error, the engine dying, a fault hook) is
+  reported to its ``on_failure`` handler by the pump right after the step's processing returns,
+  whether or not its reader is there to take it (:class:`OutputSlot`): a run aborts its batch
+  then, not when a reader blocked behind a stalled client would get to it.
 * Leaving an :meth:`VllmCoreEngine.open_request` block before the last output aborts the
   request then and there: vLLM's output processor drops it and the abort message is on the
   socket before ``__aexit__`` returns (nothing is awaited, so nothing needs shielding).
@@ -28,7 +32,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from copy import copy
 from typing import Any
@@ -36,9 +40,9 @@ from typing import Any
 import attrs
 import trio
 
-from braid.engine.base import EngineOutput, EngineRequest, ModelInfo
-from braid.engine.vllm import HfTokenizer, engine_outputs, fail_after, map_error, vllm_sampling_params
-from braid.errors import EngineUnavailable
+from braid.engine.base import EngineOutput, EngineRequest, FailureHandler, ModelInfo
+from braid.engine.vllm_common import HfTokenizer, engine_outputs, fail_after, map_error, vllm_sampling_params
+from braid.errors import BraidError, EngineError, EngineUnavailable
 
 log = logging.getLogger("braid.engine")
 
@@ -51,49 +55,108 @@ class OutputSlot:
     for Trio; vLLM's output processor calls :meth:`put`, on the Trio thread).
 
     While the reader lags, streamed deltas merge into one output (``RequestOutput.add``), so what
-    waits is at most one output per request however slow the reader is. An exception put here
-    (the engine died) is raised by the next :meth:`get`, after nothing else.
+    waits is at most one output per request however slow the reader is. A failure (an exception
+    put here when the engine died, or an output that finished with an error) replaces what waits
+    and ends the slot: the next :meth:`get` raises it, and the slot is queued on ``failures`` for
+    the pump to report (:meth:`report`) once the step's processing has returned, because the
+    handler aborts requests and vLLM's output processor must not be re-entered.
     """
 
-    __slots__ = ("_aggregate", "_ended", "_output", "_wakeup")
+    __slots__ = ("_aggregate", "_ended", "_error", "_failures", "_output", "_wakeup", "on_failure")
 
-    def __init__(self, aggregate: bool) -> None:
+    def __init__(
+        self, aggregate: bool, failures: list[OutputSlot] | None = None, on_failure: FailureHandler | None = None
+    ) -> None:
         self._aggregate = aggregate
         self._output: Any = None
+        self._error: BraidError | None = None
         self._wakeup: trio.Event | None = None
         self._ended = False
+        self._failures = failures
+        self.on_failure = on_failure
 
     def put(self, output: Any) -> None:
+        if self._error is not None:
+            return  # nothing after a failure counts
+        if isinstance(output, BaseException):
+            self.fail(map_error(output))
+            return
+        if output.finished and any(o.finish_reason == "error" for o in output.outputs):
+            self.fail(EngineError("Internal server error"))
+            return
         held = self._output
-        if held is None or isinstance(output, BaseException):
+        if held is None:
             self._output = output
-        elif not isinstance(held, BaseException):
+        else:
             held.add(output, aggregate=self._aggregate)
+        self._wake()
+
+    def fail(self, error: BraidError) -> None:
+        """End the slot with ``error`` (its reader raises it next) and queue it to be reported."""
+        if self._error is not None:
+            return
+        self._error = error
+        self._output = None
+        if self._failures is not None:
+            self._failures.append(self)
+        self._wake()
+
+    def report(self) -> None:
+        """Call the request's failure handler (the pump, after the step's processing)."""
+        handler, self.on_failure = self.on_failure, None
+        if handler is not None and self._error is not None:
+            handler(self._error)
+
+    def _wake(self) -> None:
         if self._wakeup is not None:
             self._wakeup.set()
             self._wakeup = None
 
     async def get(self) -> list[Any]:
         """The output that waits, as a one-item list (waits for one if there is none); after
-        the finished output, ``trio.EndOfChannel``.
+        the finished output, ``trio.EndOfChannel``; after a failure, the failure.
 
         A cancelled reader gets ``Cancelled`` even when an output is ready; the output stays.
         """
         if self._ended:
             raise trio.EndOfChannel
-        while self._output is None:
+        while self._output is None and self._error is None:
             self._wakeup = wakeup = trio.Event()
             await wakeup.wait()
         # A reader that is cancelled gets Cancelled, not what is ready: when a run fails, braid
         # aborts the batch (vLLM then puts an "abort" output in every slot) and cancels the
         # readers in the same step, and those are aborted requests, not finished ones.
         await trio.lowlevel.checkpoint_if_cancelled()
-        out, self._output = self._output, None
-        if isinstance(out, BaseException):
+        if self._error is not None:
             self._ended = True
-            raise map_error(out) from out
+            raise self._error
+        out, self._output = self._output, None
         self._ended = out.finished
         return [out]
+
+
+class FaultySlot(OutputSlot):
+    """An :class:`OutputSlot` whose request fails once more than ``fail_after`` tokens were
+    generated (``braid:fail@S`` with ``--fault-hooks``): the fault fires where outputs are
+    processed, as a real engine error would, not where a reader takes them."""
+
+    __slots__ = ("_fail_after", "_produced")
+
+    def __init__(
+        self, aggregate: bool, failures: list[OutputSlot], on_failure: FailureHandler | None, fail_after: int
+    ) -> None:
+        super().__init__(aggregate, failures, on_failure)
+        self._fail_after = fail_after
+        self._produced = 0  # tokens of the longest choice so far
+
+    def put(self, output: Any) -> None:
+        if not isinstance(output, BaseException) and self._error is None:
+            self._produced += max((len(o.token_ids) for o in output.outputs), default=0)
+            if self._produced > self._fail_after:
+                s = self._fail_after
+                self.fail(EngineError(f"injected failure after {s} tokens (braid:fail@{s})"))
+                return
+        super().put(output)
 
 
 def _core_client_class() -> type:
@@ -133,6 +196,7 @@ class VllmCoreEngine:
     fault_hooks: bool = False
     _dead: BaseException | None = None
     _utility: dict[int, tuple[trio.Event, list[Any]]] = attrs.field(factory=dict)
+    _failures: list[OutputSlot] = attrs.field(factory=list)  # failed slots not yet reported
 
     @property
     def healthy(self) -> bool:
@@ -176,7 +240,9 @@ class VllmCoreEngine:
     # -- requests ------------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def open_request(self, request: EngineRequest) -> AsyncIterator[AsyncIterator[EngineOutput]]:
+    async def open_request(
+        self, request: EngineRequest, on_failure: FailureHandler | None = None
+    ) -> AsyncIterator[AsyncIterator[EngineOutput]]:
         if self._dead is not None:
             raise EngineUnavailable("The engine is not running.")
         try:
@@ -191,7 +257,12 @@ class VllmCoreEngine:
         except Exception as exc:  # noqa: BLE001 - vLLM's validation: ValueError and its own types
             raise map_error(exc) from exc
         internal_id = core_request.request_id
-        slot = OutputSlot(aggregate=not request.final_only)
+        fault = fail_after(request, self.fault_hooks)
+        slot = (
+            OutputSlot(not request.final_only, self._failures, on_failure)
+            if fault is None
+            else FaultySlot(not request.final_only, self._failures, on_failure, fault)
+        )
         try:
             self._add(core_request, request.prompt_text, slot)
         except Exception as exc:
@@ -199,7 +270,7 @@ class VllmCoreEngine:
             with contextlib.suppress(Exception):
                 self._forget(internal_id)
             raise map_error(exc) from exc
-        agen = engine_outputs(slot.get, fail_after(request, self.fault_hooks))
+        agen = engine_outputs(slot.get, None)
         try:
             yield agen
         finally:
@@ -277,6 +348,9 @@ class VllmCoreEngine:
                         processed = op.process_outputs(step[start : start + OUTPUT_CHUNK], outputs.timestamp, None)
                         # Requests the output processor finished itself (stop strings).
                         self._abort_in_core(processed.reqs_to_abort)
+                        if self._failures:
+                            # Only now, outside the output processor: the handlers abort.
+                            self._report_failures()
                     op.update_scheduler_stats(outputs.scheduler_stats)
                 await trio.lowlevel.wait_readable(fd)
         except Exception as exc:  # noqa: BLE001 - any failure here means the engine is gone for us
@@ -314,6 +388,12 @@ class VllmCoreEngine:
         self.mark_dead(RuntimeError(f"engine-core process {proc.name} exited with code {proc.exitcode}"))
         scope.cancel()
 
+    def _report_failures(self) -> None:
+        failed = list(self._failures)
+        self._failures.clear()
+        for slot in failed:
+            slot.report()
+
     def mark_dead(self, cause: BaseException) -> None:
         """The engine is gone: fail every open request and every utility call, refuse new ones."""
         if self._dead is not None:
@@ -330,6 +410,7 @@ class VllmCoreEngine:
         for done, box in self._utility.values():
             box.append(dead)
             done.set()
+        self._report_failures()
 
 
 @asynccontextmanager

@@ -66,9 +66,7 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
     info = engine.info
     app = BraidApp("braid")
     state = AppState(engine, settings, metrics or Metrics())
-    unfinished = getattr(engine, "unfinished_requests", None)
-    if unfinished is not None:
-        state.metrics.track_engine_unfinished(unfinished)
+    state.metrics.track_engine_unfinished(engine.unfinished_requests)
     app.extensions["braid"] = state
 
     @app.errorhandler(BraidError)

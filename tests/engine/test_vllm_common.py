@@ -8,7 +8,7 @@ import attrs
 import pytest
 
 from braid.engine.base import SamplingParams
-from braid.engine.vllm import vllm_sampling_params
+from braid.engine.vllm_common import vllm_sampling_params
 
 NAMES = {field.name for field in attrs.fields(SamplingParams)}
 SET = SamplingParams(

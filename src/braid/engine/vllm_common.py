@@ -1,0 +1,184 @@
+"""What braid's two vLLM clients share (:mod:`.vllm_core`, the default, and :mod:`.vllm`'s
+``AsyncLLM`` client): the environment vLLM needs before its first import, braid's tokenizer over
+the model's Hugging Face tokenizer, vLLM's outputs and errors as braid's, braid's sampling
+parameters as vLLM's, and the ``braid:fail@S`` fault hook. Imports vLLM only inside functions.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import re
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from braid.engine.base import ChoiceDelta, EngineOutput, EngineRequest, Logprob, SamplingParams, TopLogprobs
+from braid.errors import BraidError, EngineError, EngineRejected, EngineUnavailable
+
+# What vLLM needs on a CPU machine. tools/servers.py gives vLLM's
+# own server the same, so the parity tier and the benchmarks compare like with like.
+OFFLINE_ENVIRONMENT = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+CPU_ENVIRONMENT = {
+    "VLLM_TARGET_DEVICE": "cpu",
+    # vLLM torch.compiles its logprobs op even with enforce_eager, which stalls the first request
+    # that asks for logprobs (docs/performance.md).
+    "TORCH_COMPILE_DISABLE": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    # the "uni" executor is silently replaced by "mp" unless this is 0
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+}
+CPU_ENGINE_ARGS = {"enforce_eager": True, "dtype": "float32", "distributed_executor_backend": "uni"}
+
+
+def prepare_environment(*, cpu: bool) -> None:
+    """Set the environment vLLM reads at import time (values already set by the user win)."""
+    for key, value in {**OFFLINE_ENVIRONMENT, **(CPU_ENVIRONMENT if cpu else {})}.items():
+        os.environ.setdefault(key, value)
+
+
+def is_cpu_build() -> bool:
+    try:
+        from importlib.metadata import version
+
+        version("vllm-cpu")
+        return True
+    except Exception:  # noqa: BLE001 - not installed under that name
+        return False
+
+
+log = logging.getLogger("braid.engine")
+
+_PROBES = ("Hello, world!", " leading space\tand tab\n", "naïve café 東京 🙂", "def f(x):\n    return x")
+
+
+class HfTokenizer:
+    """braid's Tokenizer protocol over a Hugging Face tokenizer (braid's own instance).
+
+    ``encode_many`` (braid.tokenize's worker thread) uses a private copy of the Rust backend, so
+    it shares no state with the Trio thread's instance, and the backend releases the GIL while it
+    encodes a batch. The copy is used only if it encodes like ``encode`` on a few probes (a
+    tokenizer class may add its own steps in Python); otherwise, and for slow tokenizers, the
+    worker loops ``encode`` over a deep copy of the whole tokenizer.
+    """
+
+    def __init__(self, tok: Any, vocab_size: int) -> None:
+        self._tok = tok
+        self.vocab_size = vocab_size
+        # vLLM's own rule (its Hugging Face tokenizer wrapper): the longest vocabulary entry, as stored.
+        self.max_chars_per_token = max((len(t) for t in tok.get_vocab()), default=1)
+        self._worker_backend: Any = None
+        self._worker_tok: Any = None
+        backend = getattr(tok, "_tokenizer", None)
+        if backend is not None and hasattr(backend, "encode_batch") and hasattr(backend, "to_str"):
+            try:
+                copy_ = type(backend).from_str(backend.to_str())
+                if all(
+                    copy_.encode(p, add_special_tokens=s).ids == tok.encode(p, add_special_tokens=s)
+                    for p in _PROBES
+                    for s in (True, False)
+                ):
+                    self._worker_backend = copy_
+            except Exception:  # noqa: BLE001 - an exotic backend: take the slow path below
+                log.warning("the tokenizer's backend cannot be copied; large batches tokenize more slowly")
+        if self._worker_backend is None:
+            try:
+                self._worker_tok = copy.deepcopy(tok)
+            except Exception:  # noqa: BLE001
+                # Encoding alone does not change a tokenizer's state; sharing it is the last resort.
+                log.warning("the tokenizer cannot be copied; the tokenizing thread shares it")
+                self._worker_tok = tok
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
+
+    def encode_many(self, texts: list[str], *, add_special_tokens: bool = True) -> list[list[int]]:
+        if self._worker_backend is not None:
+            return [e.ids for e in self._worker_backend.encode_batch(texts, add_special_tokens=add_special_tokens)]
+        tok = self._worker_tok
+        return [list(tok.encode(t, add_special_tokens=add_special_tokens)) for t in texts]
+
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        return self._tok.decode([token_id])
+
+
+def _top(d: Mapping[int, Any] | None) -> TopLogprobs | None:
+    if d is None:
+        return None
+    return {t: Logprob(lp.logprob, lp.rank, lp.decoded_token or "") for t, lp in d.items()}
+
+
+def convert_output(ro: Any) -> EngineOutput:
+    choices = []
+    for o in ro.outputs:
+        if o.finish_reason == "error":
+            raise EngineError("Internal server error")
+        logprobs = None if o.logprobs is None else tuple(_top(d) or {} for d in o.logprobs)
+        choices.append(ChoiceDelta(o.index, o.text, tuple(o.token_ids), logprobs, o.finish_reason, o.stop_reason))
+    prompt_lps = None if ro.prompt_logprobs is None else tuple(_top(d) for d in ro.prompt_logprobs)
+    return EngineOutput(tuple(ro.prompt_token_ids or ()), tuple(choices), bool(ro.finished), prompt_lps, ro.num_cached_tokens)
+
+
+def map_error(exc: BaseException) -> BaseException:
+    """vLLM's exceptions -> braid's error types (see braid.errors)."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    if isinstance(exc, BraidError):
+        return exc
+    if isinstance(exc, EngineDeadError):
+        return EngineUnavailable("The engine is not running.")
+    if isinstance(exc, ValueError | TypeError | OverflowError):
+        return EngineRejected(str(exc), param=getattr(exc, "parameter", None))
+    return EngineError(f"The engine failed: {type(exc).__name__}: {exc}")
+
+
+def vllm_sampling_params(params_cls: Any, kind: Any, p: SamplingParams, *, final_only: bool = False) -> Any:
+    """braid's validated SamplingParams -> vLLM's (``kind`` is vLLM's RequestOutputKind).
+
+    Every field goes to vLLM under its own name; braid's tuples become the lists (``logit_bias``:
+    the dict) that vLLM's checks expect.
+    """
+    kwargs = attrs.asdict(p, recurse=False)
+    for name, value in kwargs.items():
+        if isinstance(value, tuple):
+            kwargs[name] = list(value)
+    if p.logit_bias is not None:
+        kwargs["logit_bias"] = dict(p.logit_bias)
+    # FINAL_ONLY for a non-streaming response, as vLLM's own server does: one output per
+    # request instead of one per step, each of which crosses to the Trio thread.
+    return params_cls(**kwargs, output_kind=kind.FINAL_ONLY if final_only else kind.DELTA)
+
+
+_FAIL = re.compile(r"braid:fail@(\d+)")
+
+
+def fail_after(request: EngineRequest, fault_hooks: bool) -> int | None:
+    """The ``S`` of a ``braid:fail@S`` fault hook in the prompt text (``--fault-hooks`` only)."""
+    fail = _FAIL.search(request.prompt_text or "") if fault_hooks else None
+    return int(fail.group(1)) if fail else None
+
+
+async def engine_outputs(
+    receive_batch: Callable[[], Awaitable[Sequence[Any]]], fail_after: int | None
+) -> AsyncGenerator[EngineOutput, None]:
+    """vLLM's RequestOutputs (``receive_batch`` raises ``trio.EndOfChannel`` at the end) as braid's
+    EngineOutputs, failing as the fault hook says once more than ``fail_after`` tokens came."""
+    produced = 0  # tokens of the longest choice so far
+    while True:
+        try:
+            batch = await receive_batch()
+        except trio.EndOfChannel:
+            return
+        for ro in batch:
+            out = convert_output(ro)
+            if fail_after is not None:
+                produced += max((len(c.token_ids) for c in out.choices), default=0)
+                if produced > fail_after:
+                    raise EngineError(f"injected failure after {fail_after} tokens (braid:fail@{fail_after})")
+            yield out
