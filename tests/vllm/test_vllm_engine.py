@@ -106,6 +106,40 @@ def test_error_in_one_item_aborts_the_rest(vllm_server: VllmServer) -> None:
     vllm_server.wait_engine_idle()
 
 
+def test_a_failure_aborts_the_batch_while_the_client_reads_nothing(vllm_server: VllmServer) -> None:
+    """A 64-prompt stream whose prompt 40 fails at its 20th token (``--fault-hooks``), sent by a
+    client that never calls recv: the siblings are aborted, and vLLM's unfinished count is back
+    to 0, within 100 ms of the failure (they used to run to max_tokens, and braid held the
+    request until the 30 s stall timeout)."""
+    import json
+    import socket
+    from urllib.parse import urlsplit
+
+    errors = vllm_server.metric("braid_engine_errors_total")
+    aborts = vllm_server.metric("braid_engine_aborts_total")
+    prompts = [f"z{i} = " for i in range(64)]
+    prompts[40] = "fail here braid:fail@20"
+    body = json.dumps(
+        {"model": vllm_server.model, "prompt": prompts, "max_tokens": 200, "ignore_eos": True, "stream": True}
+    ).encode()
+    url = urlsplit(vllm_server.url)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((url.hostname, url.port))
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\n"
+    sock.sendall(head.encode() + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    try:
+        deadline = time.monotonic() + 20
+        while vllm_server.metric("braid_engine_errors_total") == errors:
+            assert time.monotonic() < deadline, "the failure was not reported within 20 s"
+            time.sleep(0.002)
+        took = vllm_server.wait_engine_idle(within=0.1)  # braid's in-flight and vLLM's unfinished
+    finally:
+        sock.close()
+    assert vllm_server.metric("braid_engine_aborts_total") == aborts + 63
+    print(f"vLLM: fail@20 behind a stalled client -> idle {took * 1000:.0f} ms after the failure")
+
+
 def _tiny_hf_tokenizer():  # type: ignore[no-untyped-def]
     from transformers import AutoTokenizer
 
