@@ -17,7 +17,7 @@ import trio
 from braid.engine.base import ChoiceDelta, EngineOutput
 from braid.engine.scripted import ScriptedEngine
 from braid.http.app import create_app
-from braid.http.view import Settings
+from braid.settings import Settings
 from braid.merge import StreamMerger
 from braid.plan import make_plan
 from braid.request import Limits, parse_request

@@ -1,13 +1,15 @@
 """Drive the real server code with a scenario and record a trace for the model (model/stream.py).
 
-What is real: request validation (``parse_request``), planning (``make_plan``), the nursery run
-(``CompletionRun``), the merger (``StreamMerger`` / ``ResponseCollector``), the SSE body
-(``CompletionStream``, driven exactly as quart drives a ``ResponseBody``: ``async with body: async
-for data in body: await send(data)``) and the scripted engine. What is simulated: the client
-(reads with a delay, pauses, disconnects = cancellation of the request task, as quart-trio does
-on ``http.disconnect``), the drain (cancellation at the drain deadline, as hypercorn does after
-``graceful_timeout``) and the per-prompt timing of engine steps (a thin wrapper around the
-scripted engine that sleeps before handing each output on and records what it saw).
+What is real: the completions view the app serves (``braid.http.view.completions``: validation,
+limits, tokenizing, planning, ids), the nursery run (``CompletionRun``), the merger
+(``StreamMerger`` / ``ResponseCollector``), the SSE body (``CompletionStream``, driven exactly as
+quart drives a ``ResponseBody``: ``async with body: async for data in body: await send(data)``)
+and the scripted engine, which generates on its own clock when its token delay is above zero.
+What is simulated: the client (reads with a delay, pauses, disconnects = cancellation of the
+request task, as quart-trio does on ``http.disconnect``), the drain (cancellation at the drain
+deadline, as hypercorn does after ``graceful_timeout``) and per-prompt delays in handing outputs
+on (a thin wrapper around the scripted engine that sleeps before handing each output to its
+driver and records what it handed on, and records the engine's failure reports when they come).
 
 Everything runs on Trio's virtual clock, so a scenario's trace is a pure function of the scenario.
 """
@@ -28,7 +30,8 @@ from braid.encode import error_body
 from braid.engine.base import EngineOutput, EngineRequest, FailureHandler
 from braid.engine.scripted import ScriptedEngine
 from braid.errors import BraidError, EngineError, EngineRejected
-from braid.http.view import AppState, JsonResponse, Settings, completions
+from braid.http.view import AppState, JsonResponse, completions
+from braid.settings import Settings
 from braid.metrics import Metrics
 from model.stream import parse_sse
 
@@ -240,8 +243,8 @@ async def _client_send(rec: Recorder, data: bytes, wait: float) -> None:
 def _error_response(exc: BaseException) -> JsonResponse:
     """What the app answers for an exception escaping the view (which answers BraidErrors itself).
 
-    quart-trio tries the handlers on each member of an exception group in turn; braid has one for
-    BraidError and a catch-all 500 for any other Exception, so the first member decides.
+    braid has a handler for BraidError and a catch-all 500 for any other Exception (quart-trio
+    tries them on each member of an exception group in turn, so the first member decides).
     """
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]

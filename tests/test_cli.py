@@ -132,7 +132,7 @@ def test_periods_must_be_positive(flag: str, value: str, capsys: pytest.CaptureF
 
 
 def test_settings_refuse_a_zero_heartbeat() -> None:
-    from braid.http.view import Settings
+    from braid.settings import Settings
 
     with pytest.raises(ValueError):
         Settings(heartbeat=0)

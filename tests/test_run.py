@@ -11,6 +11,7 @@ from braid.metrics import Metrics
 from braid.plan import Plan, make_plan
 from braid.request import Limits, parse_request
 from braid.run import CompletionRun
+from braid.settings import Settings
 
 
 def plan_for(engine: ScriptedEngine, body: bytes) -> Plan:
@@ -24,7 +25,7 @@ PROMPTS = b'["p0","p1","p2 braid:fail@5","p3","p4","p5","p6","p7"]'
 async def test_a_failure_aborts_siblings_without_any_consumer(autojump_clock: trio.testing.MockClock) -> None:
     engine = ScriptedEngine(token_delay=0.01)
     plan = plan_for(engine, b'{"prompt": ' + PROMPTS + b', "max_tokens": 1000, "ignore_eos": true}')
-    run = CompletionRun(engine, plan, Metrics(), buffer=1024, stall_timeout=1000)
+    run = CompletionRun(engine, plan, Metrics(), Settings(buffer=1024, stall_timeout=1000))
     async with run:
         # Nobody reads: the siblings must be aborted by the failing driver itself.
         await trio.sleep(1)
@@ -56,7 +57,7 @@ async def test_cancelling_the_run_aborts_every_request_once(autojump_clock: trio
 async def test_a_stalled_consumer_fails_the_run_after_the_stall_timeout(autojump_clock: trio.testing.MockClock) -> None:
     engine = ScriptedEngine(token_delay=0.0)
     plan = plan_for(engine, b'{"prompt": ["a","b"], "max_tokens": 1000, "ignore_eos": true, "stream": true}')
-    run = CompletionRun(engine, plan, Metrics(), buffer=4, stall_timeout=2.0)
+    run = CompletionRun(engine, plan, Metrics(), Settings(buffer=4, stall_timeout=2.0))
     async with run:
         await trio.sleep(1.9)
         assert engine.in_flight == 2  # blocked on the full buffer, not yet stalled
@@ -70,7 +71,7 @@ async def test_receive_ready_takes_everything_ready_at_once() -> None:
     engine = ScriptedEngine(token_delay=0.0)
     plan = plan_for(engine, b'{"prompt": ["a","b","c","d"], "max_tokens": 8, "ignore_eos": true, "stream": true}')
     sizes = []
-    async with CompletionRun(engine, plan, Metrics(), buffer=64) as run:
+    async with CompletionRun(engine, plan, Metrics(), Settings(buffer=64)) as run:
         await trio.testing.wait_all_tasks_blocked()
         while True:
             try:
@@ -149,7 +150,7 @@ async def test_a_failure_aborts_siblings_while_every_driver_is_blocked(autojump_
     plan = plan_for(engine, b'{"prompt": ' + PROMPTS + b', "max_tokens": 1000, "ignore_eos": true, "stream": true}')
     metrics = Metrics()
     failed_at: list[float] = []
-    run = CompletionRun(engine, plan, metrics, buffer=1, stall_timeout=1000)
+    run = CompletionRun(engine, plan, metrics, Settings(buffer=1, stall_timeout=1000))
     async with run:
         with trio.fail_after(5):  # virtual seconds; prompt 2 fails at its 6th token, t = 0.06
             while not engine.failed_total:
@@ -163,3 +164,22 @@ async def test_a_failure_aborts_siblings_while_every_driver_is_blocked(autojump_
         assert isinstance(run.error, EngineError)
     assert metrics.registry.get_sample_value("braid_engine_errors_total") == 1
     assert metrics.registry.get_sample_value("braid_engine_aborts_total") == 7
+
+
+async def test_leaving_a_failed_run_raises_its_error_not_a_group() -> None:
+    engine = ScriptedEngine(token_delay=0.0)
+    plan = plan_for(engine, b'{"prompt": ["a", "b braid:fail@2"], "max_tokens": 50, "ignore_eos": true}')
+    with pytest.raises(EngineError, match="braid:fail@2"):  # pytest.raises does not look into groups
+        async with CompletionRun(engine, plan, Metrics()) as run:
+            while True:
+                await run.receive_ready()
+
+
+async def test_a_cancelled_run_is_caught_by_its_own_scope(autojump_clock: trio.testing.MockClock) -> None:
+    engine = ScriptedEngine(token_delay=0.5)
+    plan = plan_for(engine, b'{"prompt": ["a", "b"], "max_tokens": 50, "ignore_eos": true, "stream": true}')
+    with trio.move_on_after(1) as scope:
+        async with CompletionRun(engine, plan, Metrics()) as run:
+            while True:
+                await run.receive_ready()
+    assert scope.cancelled_caught and engine.aborted_total == 2

@@ -34,6 +34,29 @@ class Mutant:
     what: str
 
 
+# run_error_as_500: the view's non-streaming run, answering any failure with a 500.
+OLD_RUN = (
+    "    collector = ResponseCollector(plan, engine.tokenizer)\n"
+    "    async with run:\n"
+    "        while True:\n"
+    "            try:\n"
+    "                collector.feed(await run.receive_ready())\n"
+    "            except trio.EndOfChannel:\n"
+    "                break\n"
+)
+NEW_RUN = (
+    "    collector = ResponseCollector(plan, engine.tokenizer)\n"
+    "    try:\n"
+    "        async with run:\n"
+    "            while True:\n"
+    "                try:\n"
+    "                    collector.feed(await run.receive_ready())\n"
+    "                except trio.EndOfChannel:\n"
+    "                    break\n"
+    "    except BraidError as err:\n"
+    "        return JsonResponse(500, error_body(err))\n"
+)
+
 MUTANTS = [
     Mutant(
         "no_sibling_abort",
@@ -69,7 +92,7 @@ MUTANTS = [
         "usage_before_last_finish",
         "merge.py",
         (
-            ("Arrival = tuple[int, EngineOutput]", "_USAGE_SENT: set[int] = set()\nArrival = tuple[int, EngineOutput]"),
+            ("\nclass ProtocolViolation(RuntimeError):", "\n_USAGE_SENT: set[int] = set()\n\n\nclass ProtocolViolation(RuntimeError):"),
             ("                parts.append(chunk(c, usage))",
              "                parts.append(chunk(c, usage))\n"
              "                if self.plan.include_usage and c.finish_reason is not None and id(self) not in _USAGE_SENT:\n"
@@ -132,7 +155,7 @@ MUTANTS = [
     ),
     Mutant(
         "heartbeat_late",
-        "run.py",
+        "heartbeat.py",
         (
             ("if trio.current_time() < since + period:", "if trio.current_time() < since + period * 4:"),
             ("await trio.sleep_until(since + period)", "await trio.sleep_until(since + period * 4)"),
@@ -148,8 +171,7 @@ MUTANTS = [
     Mutant(
         "run_error_as_500",
         "http/view.py",
-        (("        if isinstance(error, BraidError):\n            return _error(error)",
-          "        if isinstance(error, BraidError):\n            return JsonResponse(500, error_body(error))"),),
+        ((OLD_RUN, NEW_RUN),),
         "the view answers every failed non-streaming run with a 500, whatever its error",
     ),
 ]

@@ -22,6 +22,7 @@ import trio
 
 from braid.engine.base import Engine
 from braid.engine.scripted import ScriptedEngine
+from braid.settings import Settings
 
 # Nothing here imports quart at module level: vLLM's engine process is started with "spawn",
 # which re-imports this module, and vLLM's CPU kernel set-up calls hasattr() on every module
@@ -38,6 +39,10 @@ def _engine_arg(text: str) -> tuple[str, Any]:
         return key.replace("-", "_"), json.loads(value)
     except json.JSONDecodeError:
         return key.replace("-", "_"), value
+
+
+DEFAULTS = Settings()
+"""The front end's defaults, as :class:`~braid.settings.Settings` declares them."""
 
 
 def _positive(text: str) -> float:
@@ -73,13 +78,14 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--fault-hooks", action="store_true",
                    help="tests only: a prompt holding 'braid:fail@S' fails after S tokens")
     h = s.add_argument_group("front end")
-    h.add_argument("--max-prompts", type=int, default=1024, help="prompts per request")
-    h.add_argument("--max-choices", type=int, default=4096, help="prompts x n per request")
-    h.add_argument("--stall-timeout", type=_positive, default=30.0,
+    h.add_argument("--max-prompts", type=int, default=DEFAULTS.max_prompts, help="prompts per request")
+    h.add_argument("--max-choices", type=int, default=DEFAULTS.max_choices, help="prompts x n per request")
+    h.add_argument("--stall-timeout", type=_positive, default=DEFAULTS.stall_timeout,
                    help="abort a stream when its client has taken none of braid's output for this long "
                    "(seconds): the engine's buffer for the stream stayed full, so a reader too slow to take "
-                   "one chunk (up to 64 events) in this time is cut")
-    h.add_argument("--heartbeat", type=_positive, default=15.0, help="SSE comment after this many idle seconds")
+                   f"one chunk (up to {DEFAULTS.buffer} events) in this time is cut")
+    h.add_argument("--heartbeat", type=_positive, default=DEFAULTS.heartbeat,
+                   help="SSE comment after this many idle seconds")
     h.add_argument("--enable-prompt-tokens-details", action="store_true",
                    help="usage reports prompt_tokens_details.cached_tokens: the prompt tokens found in the "
                    "engine's prefix cache, summed over a batch's prompts")
@@ -177,7 +183,6 @@ def _set_switch_interval(seconds: float | None, *, two_threads: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from braid.http.app import create_app
-    from braid.http.view import Settings
     from braid.server import ServerConfig, serve
 
     args = _parser().parse_args(argv)

@@ -24,10 +24,6 @@ from braid.errors import BraidError
 from braid.plan import Plan
 from braid.render import ChoiceChunk, ChoiceRenderer, LogprobsFragment
 
-Arrival = tuple[int, EngineOutput]
-"""One engine output, tagged with the index of the prompt it belongs to."""
-
-
 class ProtocolViolation(RuntimeError):
     """The merger was driven out of order: a bug in braid, never a client's fault."""
 
@@ -156,4 +152,4 @@ def _usage(plan: Plan, renderer: ChoiceRenderer) -> Usage:
     return Usage(plan.prompt_tokens, renderer.completion_tokens, renderer.cached_tokens)
 
 
-__all__ = ["Arrival", "Phase", "ProtocolViolation", "ResponseCollector", "StreamMerger"]
+__all__ = ["Phase", "ProtocolViolation", "ResponseCollector", "StreamMerger"]

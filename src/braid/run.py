@@ -26,11 +26,10 @@
   batch of 64 that is one abort message to vLLM's engine core, not 64 trickling in while the
   drivers unwind one by one.
 
-* With a ``heartbeat`` period (streams), a clock task in the outer nursery ends a consumer's wait
-  once it has lasted that long: it puts :data:`TICK` into the channel, which the consumer reads
-  as "idle for a period" (an SSE comment). A timeout per wait would cost a cancel scope and a
-  deadline for every chunk of every stream; the clock sleeps a whole period at a time and wakes
-  only for a consumer that is really idle. It stops when the drivers are done.
+* A streaming run owns its stream's :class:`~braid.heartbeat.Heartbeat`: it starts the heartbeat's
+  clock in the outer nursery with a clone of the channel, and stops it when the drivers are done.
+* Leaving ``async with`` raises the run's own exception, not the nursery's group around it: the
+  error the consumer raised (:meth:`receive_ready` raises the run's error), or the cancellation.
 
 The two nurseries are needed because cancelling a nursery's scope also cancels the body of its
 ``async with``, which here is the consumer still writing the response.
@@ -39,23 +38,25 @@ The two nurseries are needed because cancelling a nursery's scope also cancels t
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
-from typing import Any
 
 import attrs
 import trio
 
-from braid.engine.base import Engine
+from braid.engine.base import Engine, EngineOutput
 from braid.errors import BraidError, StreamStalled
-from braid.merge import Arrival
+from braid.heartbeat import Heartbeat, Tick
 from braid.metrics import Metrics
 from braid.plan import Plan, PlanItem
-
+from braid.settings import Settings
 
 START_CHUNK = 64
 """Drivers started per scheduler round (see ``_supervise``)."""
 
-TICK: Any = ("heartbeat tick",)
-"""What the heartbeat clock puts among the arrivals (see :meth:`CompletionRun.receive_ready`)."""
+MAX_BATCH = 1024
+"""The most arrivals one :meth:`CompletionRun.receive_ready` returns."""
+
+Arrival = tuple[int, EngineOutput]
+"""One engine output, tagged with the index of the prompt it belongs to."""
 
 
 @attrs.define(eq=False)
@@ -63,30 +64,27 @@ class CompletionRun:
     engine: Engine
     plan: Plan
     metrics: Metrics
-    buffer: int = 64
-    stall_timeout: float = 30.0
-    max_batch: int = 1024
-    heartbeat: float | None = None  # the clock's period; None: no clock (non-streaming responses)
+    settings: Settings = attrs.Factory(Settings)
+    heartbeat: Heartbeat | None = attrs.field(init=False)
+    """The stream's heartbeat (a streaming plan's run only)."""
     error: BraidError | None = None
-    waiting_since: float | None = None  # set by the consumer for as long as it waits for arrivals
     _outer_cm: AbstractAsyncContextManager[trio.Nursery] | None = None
     _outer: trio.Nursery | None = None
     _inner: trio.Nursery | None = None
-    _recv: trio.MemoryReceiveChannel[Arrival] | None = None
+    _recv: trio.MemoryReceiveChannel[Arrival | Tick] | None = None
     _open_ids: set[str] = attrs.Factory(set)  # engine requests opened and not yet finished
     _cancelled: bool = False
-    _clock: trio.CancelScope | None = None
-    _tick_send: trio.MemorySendChannel[Arrival] | None = None
+
+    def __attrs_post_init__(self) -> None:
+        self.heartbeat = Heartbeat(self.settings.heartbeat) if self.plan.stream else None
 
     async def __aenter__(self) -> CompletionRun:
-        send, self._recv = trio.open_memory_channel[Arrival](self.buffer)
+        send, self._recv = trio.open_memory_channel[Arrival | Tick](self.settings.buffer)
         self._outer_cm = trio.open_nursery()
         self._outer = await self._outer_cm.__aenter__()
         try:
             if self.heartbeat is not None:
-                self._tick_send = send.clone()
-                self._clock = trio.CancelScope()
-                self._outer.start_soon(self._heartbeat_clock, self.heartbeat, self._clock, self._tick_send)
+                self._outer.start_soon(self.heartbeat.clock, send.clone())
             self._inner = await self._outer.start(self._supervise, send)
         except BaseException as exc:
             await self._outer_cm.__aexit__(type(exc), exc, exc.__traceback__)
@@ -99,6 +97,8 @@ class CompletionRun:
             self._cancel_drivers()
         try:
             return await self._outer_cm.__aexit__(exc_type, exc, tb)
+        except BaseExceptionGroup as group:
+            raise _the_exception(group) from None
         finally:
             self._recv.close()
 
@@ -122,7 +122,9 @@ class CompletionRun:
         if self._open_ids:
             self.engine.abort_requests(sorted(self._open_ids))
 
-    async def _supervise(self, send: trio.MemorySendChannel[Arrival], task_status=trio.TASK_STATUS_IGNORED) -> None:  # type: ignore[no-untyped-def]
+    async def _supervise(
+        self, send: trio.MemorySendChannel[Arrival | Tick], task_status: trio.TaskStatus[trio.Nursery] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         try:
             with send:
                 async with trio.open_nursery() as inner:
@@ -136,37 +138,10 @@ class CompletionRun:
                         inner.start_soon(self._drive, item, send.clone())
         finally:
             # The drivers are done: the clock's clone must close too, or the channel never ends.
-            if self._clock is not None:
-                self._clock.cancel()
-            if self._tick_send is not None:
-                self._tick_send.close()
+            if self.heartbeat is not None:
+                self.heartbeat.stop()
 
-    async def _heartbeat_clock(
-        self, period: float, scope: trio.CancelScope, ticks: trio.MemorySendChannel[Arrival]
-    ) -> None:
-        """Put TICK into the channel each time the consumer has waited ``period`` seconds.
-
-        Asleep for at least ``period`` at a time: a consumer that starts waiting while the clock
-        sleeps has its deadline (its ``waiting_since`` + ``period``) after the clock wakes, and
-        the clock then sleeps exactly until it.
-        """
-        ticked_for: float | None = None
-        with scope:
-            while True:
-                since = self.waiting_since
-                if since is None or since == ticked_for:
-                    await trio.sleep(period)
-                    continue
-                if trio.current_time() < since + period:
-                    await trio.sleep_until(since + period)
-                    continue
-                ticked_for = since
-                try:
-                    ticks.send_nowait(TICK)
-                except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass  # a full channel has something for the consumer already
-
-    async def _drive(self, item: PlanItem, send: trio.MemorySendChannel[Arrival]) -> None:
+    async def _drive(self, item: PlanItem, send: trio.MemorySendChannel[Arrival | Tick]) -> None:
         m = self.metrics
         finished = False
         failed = False  # the engine ended this request itself: an error, not an abort
@@ -195,11 +170,12 @@ class CompletionRun:
                             try:
                                 send.send_nowait(arrival)  # the usual case; the engine loop checkpoints
                             except trio.WouldBlock:
-                                with trio.move_on_after(self.stall_timeout) as scope:
+                                stall = self.settings.stall_timeout
+                                with trio.move_on_after(stall) as scope:
                                     await send.send(arrival)
                                 if scope.cancelled_caught:
                                     raise StreamStalled(
-                                        f"The client read nothing for {self.stall_timeout:g} s; the request was aborted."
+                                        f"The client read nothing for {stall:g} s; the request was aborted."
                                     ) from None
                     except trio.Cancelled:
                         self._abort_open_requests()  # before this request's own abort, on exit
@@ -218,12 +194,12 @@ class CompletionRun:
                 elif not finished:
                     m.aborts.inc()
 
-    async def receive_ready(self) -> list[Arrival]:
-        """Wait for at least one output, then take every output that is ready (up to ``max_batch``).
+    async def receive_ready(self) -> list[Arrival | Tick]:
+        """Wait for at least one output, then take every output that is ready (up to :data:`MAX_BATCH`).
 
-        With a heartbeat clock, the batch may hold :data:`TICK` (from :meth:`take_ready` too):
-        the consumer drops it, and if nothing else came and it has waited a whole period, says
-        so to its client. A tick may be stale (the wait it was for has ended): check the time.
+        A streaming run's batches may hold the heartbeat's :data:`~braid.heartbeat.TICK` (from
+        :meth:`take_ready` too), which :meth:`Heartbeat.wait <braid.heartbeat.Heartbeat.wait>`
+        interprets.
 
         Raises :class:`trio.EndOfChannel` when every driver is done, and the run's error, if it has
         one, as soon as the consumer next asks: outputs still buffered then are dropped, as vLLM
@@ -243,8 +219,8 @@ class CompletionRun:
         self._drain_into(batch)
         return batch
 
-    def take_ready(self) -> list[Arrival]:
-        """Every output that is ready now (up to ``max_batch``), without waiting: ``[]`` if none.
+    def take_ready(self) -> list[Arrival | Tick]:
+        """Every output that is ready now (up to :data:`MAX_BATCH`), without waiting: ``[]`` if none.
 
         Raises like :meth:`receive_ready`: the run's error first, then :class:`trio.EndOfChannel`
         once every driver is done and nothing is left. Not a checkpoint.
@@ -252,7 +228,7 @@ class CompletionRun:
         assert self._recv is not None
         if self.error is not None:
             raise self.error
-        batch: list[Arrival] = []
+        batch: list[Arrival | Tick] = []
         try:
             batch.append(self._recv.receive_nowait())
         except trio.WouldBlock:
@@ -268,14 +244,32 @@ class CompletionRun:
         if self.error is not None:
             raise self.error from None
 
-    def _drain_into(self, batch: list[Arrival]) -> None:
+    def _drain_into(self, batch: list[Arrival | Tick]) -> None:
         assert self._recv is not None
         receive_nowait = self._recv.receive_nowait
         try:
-            while len(batch) < self.max_batch:
+            while len(batch) < MAX_BATCH:
                 batch.append(receive_nowait())
         except (trio.WouldBlock, trio.EndOfChannel):
             pass
 
 
-__all__ = ["CompletionRun"]
+def _the_exception(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The exception a group from the run's nursery stands for: its one exception that is not a
+    ``Cancelled`` (the consumer's error, or a bug), else its first ``Cancelled`` (which the
+    cancel scope that caused it catches). Several errors at once are raised as the group."""
+    leaves: list[BaseException] = []
+    stack: list[BaseException] = [group]
+    while stack:
+        exc = stack.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            stack.extend(reversed(exc.exceptions))
+        else:
+            leaves.append(exc)
+    errors = [e for e in leaves if not isinstance(e, trio.Cancelled)]
+    if len(errors) > 1:
+        return group
+    return errors[0] if errors else leaves[0]
+
+
+__all__ = ["MAX_BATCH", "START_CHUNK", "Arrival", "CompletionRun"]

@@ -14,7 +14,9 @@ from braid.engine.scripted import ScriptedEngine
 from braid.http.body import GATHER_ROUNDS, CompletionStream, _gather
 from braid.merge import StreamMerger
 from braid.metrics import Metrics
-from braid.run import TICK, CompletionRun
+from braid.heartbeat import TICK, Heartbeat
+from braid.run import CompletionRun
+from braid.settings import Settings
 from tests.helpers import parse_sse, plan_for
 
 
@@ -29,7 +31,7 @@ async def _drain(body: CompletionStream) -> list[bytes]:
 async def test_ready_events_are_coalesced_into_one_send() -> None:
     engine = ScriptedEngine(token_delay=0.0)
     plan = plan_for(engine, b'{"prompt": ' + str([f"p{i}" for i in range(16)]).replace("'", '"').encode() + b', "max_tokens": 16, "ignore_eos": true, "stream": true}')
-    body = CompletionStream(CompletionRun(engine, plan, Metrics()), StreamMerger(plan, engine.tokenizer), heartbeat=15)
+    body = CompletionStream(CompletionRun(engine, plan, Metrics(), Settings(heartbeat=15)), StreamMerger(plan, engine.tokenizer))
     sends = await _drain(body)
     events = parse_sse(b"".join(sends))
     assert sum(1 for e in events if isinstance(e, dict)) == 16 * 16
@@ -42,7 +44,7 @@ async def test_a_producer_faster_than_the_sends_is_sent_a_few_events_per_chunk()
     # chunk would carry one event (one body send per token).
     engine = ScriptedEngine(token_delay=0.0)
     plan = plan_for(engine, b'{"prompt": "x", "max_tokens": 64, "ignore_eos": true, "stream": true}')
-    body = CompletionStream(CompletionRun(engine, plan, Metrics()), StreamMerger(plan, engine.tokenizer), heartbeat=15)
+    body = CompletionStream(CompletionRun(engine, plan, Metrics(), Settings(heartbeat=15)), StreamMerger(plan, engine.tokenizer))
     sends = await _drain(body)
     per_chunk = [len(parse_sse(s)) for s in sends]
     assert sum(per_chunk) == 64 + 1
@@ -74,7 +76,7 @@ async def test_gathering_stops_after_its_rounds_even_if_outputs_keep_coming() ->
 async def test_idle_stream_sends_one_event_per_send(autojump_clock: trio.testing.MockClock) -> None:
     engine = ScriptedEngine(token_delay=1.0)
     plan = plan_for(engine, b'{"prompt": "x", "max_tokens": 5, "ignore_eos": true, "stream": true}')
-    body = CompletionStream(CompletionRun(engine, plan, Metrics()), StreamMerger(plan, engine.tokenizer), heartbeat=15)
+    body = CompletionStream(CompletionRun(engine, plan, Metrics(), Settings(heartbeat=15)), StreamMerger(plan, engine.tokenizer))
     sends = await _drain(body)
     assert [len(parse_sse(s)) for s in sends] == [1, 1, 1, 1, 1, 1]  # 5 tokens, then [DONE]
 
@@ -82,7 +84,7 @@ async def test_idle_stream_sends_one_event_per_send(autojump_clock: trio.testing
 async def test_cancelled_body_aborts_and_writes_nothing_more(autojump_clock: trio.testing.MockClock) -> None:
     engine = ScriptedEngine(token_delay=0.1)
     plan = plan_for(engine, b'{"prompt": ["a","b","c"], "max_tokens": 100, "ignore_eos": true, "stream": true}')
-    body = CompletionStream(CompletionRun(engine, plan, Metrics()), StreamMerger(plan, engine.tokenizer), heartbeat=15)
+    body = CompletionStream(CompletionRun(engine, plan, Metrics(), Settings(heartbeat=15)), StreamMerger(plan, engine.tokenizer))
     sends: list[bytes] = []
     with trio.move_on_after(1.05):  # a client disconnect reaches the body as cancellation
         async with body as b:
@@ -97,12 +99,13 @@ async def test_an_idle_stream_pings_once_per_heartbeat_and_a_stale_tick_is_ignor
 ) -> None:
     engine = ScriptedEngine(token_delay=10.0)
     plan = plan_for(engine, b'{"prompt": "x", "max_tokens": 2, "ignore_eos": true, "stream": true}')
-    run = CompletionRun(engine, plan, Metrics())
-    body = CompletionStream(run, StreamMerger(plan, engine.tokenizer), heartbeat=4)
+    run = CompletionRun(engine, plan, Metrics(), Settings(heartbeat=4))
+    body = CompletionStream(run, StreamMerger(plan, engine.tokenizer))
     sends: list[tuple[float, bytes]] = []
     async with body as b:
-        assert run._tick_send is not None
-        run._tick_send.send_nowait(TICK)  # a tick no wait asked for: no ping
+        await trio.testing.wait_all_tasks_blocked()  # the clock has started
+        assert run.heartbeat is not None and run.heartbeat._ticks is not None
+        run.heartbeat._ticks.send_nowait(TICK)  # a tick no wait asked for: no ping
         async for data in b:
             sends.append((trio.current_time(), data))
     pings = [t for t, data in sends if data == HEARTBEAT]
@@ -114,7 +117,7 @@ async def test_an_idle_stream_pings_once_per_heartbeat_and_a_stale_tick_is_ignor
 async def test_a_finished_run_stops_its_heartbeat_clock(autojump_clock: trio.testing.MockClock) -> None:
     engine = ScriptedEngine(token_delay=0.0)
     plan = plan_for(engine, b'{"prompt": "x", "max_tokens": 3, "stream": true}')
-    body = CompletionStream(CompletionRun(engine, plan, Metrics()), StreamMerger(plan, engine.tokenizer), heartbeat=1000)
+    body = CompletionStream(CompletionRun(engine, plan, Metrics(), Settings(heartbeat=1000)), StreamMerger(plan, engine.tokenizer))
     with trio.fail_after(100):  # a clock that outlived the drivers would keep the run open
         await _drain(body)
 
@@ -142,7 +145,7 @@ async def test_an_output_that_encodes_to_nothing_does_not_restart_the_heartbeat(
     engine = EmptyDeltaEngine()
     plan = plan_for(engine, b'{"prompt": "x", "max_tokens": 1, "stream": true}')
     merger = StreamMerger(plan, engine.tokenizer)
-    body = CompletionStream(CompletionRun(engine, plan, Metrics()), merger, heartbeat=10)
+    body = CompletionStream(CompletionRun(engine, plan, Metrics(), Settings(heartbeat=10)), merger)
     sends: list[tuple[float, bytes]] = []
     async with body as b:
         async for data in b:
@@ -156,10 +159,9 @@ class _TimedArrivals:
     """A run that delivers fixed batches of arrivals at fixed times (no clock task: the ticks are
     in the batches), so a test can put a tick and an output in the same batch."""
 
-    def __init__(self, batches: list[tuple[float, list[object]]]) -> None:
+    def __init__(self, batches: list[tuple[float, list[object]]], heartbeat: float) -> None:
         self.batches = batches
-        self.heartbeat: float | None = None
-        self.waiting_since: float | None = None
+        self.heartbeat = Heartbeat(heartbeat)
 
     def take_ready(self) -> list[object]:
         if not self.batches:
@@ -186,8 +188,8 @@ async def test_a_tick_that_comes_with_outputs_encoding_to_nothing_still_pings(
     ids = plan.items[0].request.prompt_token_ids
     empty = (0, EngineOutput(ids, (ChoiceDelta(0, "", ()),)))
     last = (0, EngineOutput(ids, (ChoiceDelta(0, "z", (90,), None, "length"),), finished=True))
-    run = _TimedArrivals([(10, [TICK, empty]), (25, [last])])
-    body = CompletionStream(run, StreamMerger(plan, engine.tokenizer), heartbeat=10)  # type: ignore[arg-type]
+    run = _TimedArrivals([(10, [TICK, empty]), (25, [last])], heartbeat=10)
+    body = CompletionStream(run, StreamMerger(plan, engine.tokenizer))  # type: ignore[arg-type]
     sends = []
     async for data in body:
         sends.append((trio.current_time(), data))

@@ -13,7 +13,8 @@ import trio
 from braid.engine.base import EngineOutput, EngineRequest
 from braid.engine.scripted import ScriptedEngine
 from braid.http.body import CompletionStream
-from braid.http.view import AppState, JsonResponse, Settings, completions
+from braid.http.view import AppState, JsonResponse, completions
+from braid.settings import Settings
 from braid.metrics import Metrics
 from tests.helpers import parse_sse
 

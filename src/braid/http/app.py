@@ -25,7 +25,8 @@ from braid.encode import error_body
 from braid.engine.base import Engine
 from braid.errors import BraidError, error_payload
 from braid.http import view
-from braid.http.view import AppState, JsonResponse, Settings
+from braid.http.view import AppState, JsonResponse
+from braid.settings import Settings
 from braid.metrics import Metrics
 
 log = logging.getLogger("braid")

@@ -7,9 +7,9 @@ no nursery or cancel scope is held across a ``yield`` (trio forbids that in asyn
 Each ``__anext__`` returns every event that is ready as one body chunk: one event when the stream
 is idle, many under load, because each body send costs far more than encoding an event. Once it
 has an event it gathers for a few scheduler rounds more while the producers keep adding (a
-producer faster than the sends; see :func:`_gather`), never waiting on a clock. When
-nothing arrives for ``heartbeat`` seconds it returns an SSE comment, which keeps proxies from
-timing out an idle stream. When the client disconnects, quart cancels this task; ``__aexit__``
+producer faster than the sends; see :func:`_gather`), never waiting on a clock. When nothing
+arrives for the heartbeat's period it returns an SSE comment, which keeps proxies from timing
+out an idle stream (the rules are :mod:`braid.heartbeat`'s). When the client disconnects, quart cancels this task; ``__aexit__``
 then aborts every engine request of the run before it returns.
 """
 
@@ -22,25 +22,26 @@ from quart.wrappers.response import ResponseBody
 
 from braid.encode import HEARTBEAT
 from braid.errors import BraidError
-from braid.merge import Arrival, Phase, StreamMerger
-from braid.run import TICK, CompletionRun
+from braid.heartbeat import TICK
+from braid.merge import Phase, StreamMerger
+from braid.run import Arrival, CompletionRun
 
 GATHER_ROUNDS = 4
 """At most this many scheduler rounds gather a chunk's events (see :func:`_gather`)."""
 
 
 class CompletionStream(ResponseBody):
-    def __init__(self, run: CompletionRun, merger: StreamMerger, *, heartbeat: float) -> None:
-        run.heartbeat = heartbeat  # the run's clock (started by its __aenter__) ends idle waits
+    def __init__(self, run: CompletionRun, merger: StreamMerger) -> None:
+        assert run.heartbeat is not None, "a stream's run has a heartbeat (a streaming plan)"
         self._run = run
         self._merger = merger
-        self._heartbeat = heartbeat
+        self._heartbeat = run.heartbeat
 
     async def __aenter__(self) -> CompletionStream:
         await self._run.__aenter__()
         return self
 
-    async def __aexit__(
+    async def __aexit__(  # type: ignore[override]
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool | None:
         return await self._run.__aexit__(exc_type, exc, tb)
@@ -51,41 +52,21 @@ class CompletionStream(ResponseBody):
     async def __anext__(self) -> bytes:
         merger = self._merger
         run = self._run
-        idle_from: float | None = None  # when this call first waited: outputs that encode to
-        # nothing (merger.feed -> b"") must not restart the heartbeat period
+        heartbeat = self._heartbeat
+        heartbeat.new_chunk()
         while merger.phase is Phase.STREAMING:
             try:
-                arrivals = run.take_ready()
-                if not arrivals:
-                    # No timeout here: the run's heartbeat clock ends this wait with a TICK once
-                    # it has lasted a period (a cancel scope per chunk cost ~9 % of the thread).
-                    resumed = idle_from is not None
-                    if idle_from is None:
-                        idle_from = trio.current_time()
-                    run.waiting_since = since = idle_from
-                    try:
-                        if not resumed:
-                            arrivals = await run.receive_ready()
-                        else:
-                            # The idle period goes on after outputs that encoded to nothing (or a
-                            # stale tick). The clock may have ticked for it already (that tick
-                            # came with those outputs) or slept through its deadline while no
-                            # wait was open, so this rare wait keeps its own deadline.
-                            with trio.move_on_at(idle_from + self._heartbeat) as deadline:
-                                arrivals = await run.receive_ready()
-                            if deadline.cancelled_caught:
-                                return HEARTBEAT
-                    finally:
-                        run.waiting_since = None
+                ready = run.take_ready()
+                arrivals: list[Arrival] | None
+                if TICK in ready:
+                    arrivals = [a for a in ready if a is not TICK]  # type: ignore[misc]
                 else:
-                    since = None
-                if TICK in arrivals:
-                    arrivals = [a for a in arrivals if a is not TICK]
-                    if not arrivals:
-                        # the clock's own arithmetic: now - since could round below the period
-                        if since is not None and trio.current_time() >= since + self._heartbeat:
-                            return HEARTBEAT
-                        continue  # a tick for a wait that had already ended
+                    arrivals = ready  # type: ignore[assignment]
+                if not arrivals:
+                    # Waits for output, or for the heartbeat's period (braid.heartbeat).
+                    arrivals = await heartbeat.wait(run.receive_ready)
+                    if arrivals is None:
+                        return HEARTBEAT
             except trio.EndOfChannel:
                 return merger.finish()
             except BraidError as err:

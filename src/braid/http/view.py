@@ -7,8 +7,8 @@
 (``property_tests/harness.py``) calls the same function on a virtual clock, so the suite tests the
 code that serves.
 
-:class:`Settings` (the server's options) and :class:`AppState` (what every request shares) live
-here too, so that nothing on this path imports the quart app.
+:class:`AppState` (what every request shares) lives here too, so that nothing on this path
+imports the quart app.
 """
 
 from __future__ import annotations
@@ -29,19 +29,8 @@ from braid.metrics import Metrics
 from braid.plan import check_limits, make_plan
 from braid.request import Limits, parse_request
 from braid.run import CompletionRun
+from braid.settings import Settings
 from braid.tokenize import encode_prompts
-
-
-@attrs.frozen
-class Settings:
-    max_prompts: int = 1024
-    max_choices: int = 4096
-    buffer: int = 64
-    # Both > 0: a heartbeat of 0 would make every stream's clock spin (braid.run).
-    stall_timeout: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
-    heartbeat: float = attrs.field(default=15.0, validator=attrs.validators.gt(0))
-    # vLLM's --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens
-    prompt_tokens_details: bool = False
 
 
 def _limits(state: AppState) -> Limits:
@@ -95,24 +84,16 @@ async def completions(
       it as quart sends a ``ResponseBody`` (``async with stream: async for data in stream:``),
       and its run opens in ``__aenter__``. Errors after that are SSE error events.
     * A non-streaming request runs here, to the end (all or nothing): 200 with the body, or the
-      run's error (engine failure 500, late rejection 400) as its JSON error, unwrapped from the
-      run's exception group.
-    * Cancellation (client gone, drain deadline) propagates, as it came, after the run has aborted
-      every engine request it opened; it is never turned into a response.
-    * Anything else is a bug, raised as it is (a single error out of the run's group unwrapped);
-      the app answers it with a 500.
+      run's error (engine failure 500, late rejection 400) as its JSON error (leaving the run
+      raises the error itself, not a group around it).
+    * Cancellation (client gone, drain deadline) propagates after the run has aborted every
+      engine request it opened; it is never turned into a response.
+    * Anything else is a bug, raised as it is; the app answers it with a 500.
     """
     try:
         return await _completions(state, body, content_type, request_id)
     except BraidError as err:
         return _error(err)
-    except BaseExceptionGroup as group:
-        error = _single(group)
-        if isinstance(error, BraidError):
-            return _error(error)
-        if error is None or isinstance(error, trio.Cancelled):
-            raise  # cancellation (trio's scopes take groups), or several errors: as it came
-        raise error from None
 
 
 async def _completions(
@@ -143,9 +124,9 @@ async def _completions(
         encoded=encoded,
         cached_tokens=settings.prompt_tokens_details,
     )
-    run = CompletionRun(engine, plan, state.metrics, buffer=settings.buffer, stall_timeout=settings.stall_timeout)
+    run = CompletionRun(engine, plan, state.metrics, settings)
     if plan.stream:
-        return CompletionStream(run, StreamMerger(plan, engine.tokenizer), heartbeat=settings.heartbeat)
+        return CompletionStream(run, StreamMerger(plan, engine.tokenizer))
     collector = ResponseCollector(plan, engine.tokenizer)
     async with run:
         while True:
@@ -160,17 +141,4 @@ def _error(err: BraidError) -> JsonResponse:
     return JsonResponse(err.status, error_body(err))
 
 
-def _single(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
-    """The group's only leaf exception (through nested groups), or None if it holds several."""
-    leaves: list[BaseException] = []
-    stack: list[BaseException] = [group]
-    while stack:
-        exc = stack.pop()
-        if isinstance(exc, BaseExceptionGroup):
-            stack.extend(exc.exceptions)
-        else:
-            leaves.append(exc)
-    return leaves[0] if len(leaves) == 1 else None
-
-
-__all__ = ["AppState", "JsonResponse", "Settings", "completions"]
+__all__ = ["AppState", "JsonResponse", "completions"]
