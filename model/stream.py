@@ -271,7 +271,7 @@ def choice_sequence(trace: Trace) -> Iterable[str]:
         exp = want.get(j, [])
         if len(got) > len(exp):
             yield f"choice {j}: {len(got)} chunks but the engine produced only {len(exp)} deltas for it"
-        for m, ((r, c), e) in enumerate(zip(got, exp)):
+        for m, ((r, c), e) in enumerate(zip(got, exp, strict=False)):
             if c.get("text") != e["text"]:
                 yield f"choice {j} chunk {m}: text {c.get('text')!r}, engine delta says {e['text']!r}"
                 break
@@ -342,7 +342,7 @@ def usage_totals(trace: Trace) -> Iterable[str]:
         if got != (prompt, completion, prompt + completion):
             yield f"{where}: usage {got}, expected {(prompt, completion, prompt + completion)}"
 
-    for r, ev in _events(trace):
+    for _, ev in _events(trace):
         if ev["type"] == "usage":
             yield from check(ev["data"]["usage"], prompt_total, completion_total, "usage chunk")
     for r, ev in _events(trace):
@@ -353,7 +353,7 @@ def usage_totals(trace: Trace) -> Iterable[str]:
             yield f"seq {r['seq']}: chunk usage is {u!r} with continuous_usage={req['continuous_usage']}"
     if req["continuous_usage"]:
         counts: dict[int, int] = {}
-        for r, ev in _events(trace):
+        for _, ev in _events(trace):
             if ev["type"] != "chunk" or ev["data"].get("usage") is None:
                 continue
             c = ev["data"]["choices"][0]
@@ -434,7 +434,7 @@ def engine_cleanup(trace: Trace) -> Iterable[str]:
         yield "an engine request was opened twice"
     if trace.get("left_running", 0):
         yield f"{trace['left_running']} engine requests left running"
-    for p, o in opens.items():
+    for p, _o in opens.items():
         cs = closes.get(p, [])
         if len(cs) != 1:
             yield f"engine request of prompt {p} closed {len(cs)} times"
@@ -485,10 +485,10 @@ def all_or_nothing(trace: Trace) -> Iterable[str]:
     if r["status"] != 200:
         yield f"status {r['status']} although nothing failed"
         return
-    want = expected_chunks(trace)
+    chunks = expected_chunks(trace)
     for c in r["body"].get("choices", []):
         j = c.get("index")
-        exp = want.get(j, [])
+        exp = chunks.get(j, [])
         text = "".join(e["text"] for e in exp)
         if c.get("text") != text:
             yield f"choice {j}: text {c.get('text')!r}, the engine produced {text!r}"
@@ -542,7 +542,7 @@ def logprobs_shape(trace: Trace) -> Iterable[str]:
                 continue
             if m < len(exp) and lens["tokens"] != exp[m]["lp_tokens"]:
                 yield f"choice {j} chunk {m}: {lens['tokens']} logprob tokens, expected {exp[m]['lp_tokens']}"
-            for off, tok in zip(lp["text_offset"], lp["tokens"]):
+            for off, tok in zip(lp["text_offset"], lp["tokens"], strict=False):
                 if off != offset:
                     yield f"choice {j} chunk {m}: text_offset {off} where the previous tokens end at {offset}"
                     break

@@ -31,8 +31,8 @@ from braid.engine.base import EngineOutput, EngineRequest, FailureHandler
 from braid.engine.scripted import ScriptedEngine
 from braid.errors import BraidError, EngineError, EngineRejected
 from braid.http.view import AppState, JsonResponse, completions
-from braid.settings import Settings
 from braid.metrics import Metrics
+from braid.settings import Settings
 from model.stream import parse_sse
 
 METRICS = Metrics()  # values are irrelevant here; one registry avoids re-registering per example

@@ -21,12 +21,12 @@ import trio
 from braid.engine.base import EngineOutput
 from braid.engine.scripted import VOCAB_SIZE, ByteTokenizer, ScriptedEngine
 from braid.http.app import BraidApp, create_app
-from braid.settings import Settings
-from braid.run import Arrival
 from braid.merge import Phase, ResponseCollector, StreamMerger
 from braid.plan import Plan, make_plan
 from braid.request import Limits, parse_request
+from braid.run import Arrival
 from braid.server import ServerConfig, serve
+from braid.settings import Settings
 from braid.tokenize import INLINE_CHARS
 from tools.servers import ServerProcess
 

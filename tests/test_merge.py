@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from braid.engine.base import ChoiceDelta, EngineOutput
 from braid.engine.scripted import VOCAB_SIZE, ScriptedEngine
 from braid.errors import EngineError, InvalidRequest
-from braid.run import Arrival
 from braid.merge import Phase, ProtocolViolation, ResponseCollector, StreamMerger
 from braid.plan import Plan, make_plan
 from braid.request import parse_request
+from braid.run import Arrival
 from tests.helpers import (
     LIMITS,
     TOK,

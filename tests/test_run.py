@@ -120,7 +120,7 @@ async def test_a_large_batch_opens_its_requests_a_chunk_per_scheduler_round(auto
             run.abort_all(EngineError("done"))
     # Between two of its turns at most two chunks opened (the rest of one round, the start of
     # the next), never the whole batch at once.
-    assert seen[0] == 0 and max(b - a for a, b in zip(seen, [*seen[1:], count])) <= 2 * START_CHUNK
+    assert seen[0] == 0 and max(b - a for a, b in zip(seen, [*seen[1:], count], strict=False)) <= 2 * START_CHUNK
 
 
 async def test_drivers_that_run_after_the_run_is_cancelled_open_nothing(autojump_clock: trio.testing.MockClock) -> None:

@@ -40,7 +40,8 @@ OLD_RUN = (
     "    async with run:\n"
     "        while True:\n"
     "            try:\n"
-    "                collector.feed(await run.receive_ready())\n"
+    "                # A non-streaming run has no heartbeat, so its batches hold no ticks.\n"
+    "                collector.feed(cast(\"list[Arrival]\", await run.receive_ready()))\n"
     "            except trio.EndOfChannel:\n"
     "                break\n"
 )
@@ -50,7 +51,7 @@ NEW_RUN = (
     "        async with run:\n"
     "            while True:\n"
     "                try:\n"
-    "                    collector.feed(await run.receive_ready())\n"
+    "                    collector.feed(cast(\"list[Arrival]\", await run.receive_ready()))\n"
     "                except trio.EndOfChannel:\n"
     "                    break\n"
     "    except BraidError as err:\n"

@@ -18,8 +18,8 @@ import trio
 
 from braid.engine.scripted import ScriptedEngine
 from braid.http.app import BraidApp, create_app
-from braid.settings import Settings
 from braid.server import ServerConfig, serve
+from braid.settings import Settings
 
 
 class _CountingApp:

@@ -125,14 +125,14 @@ async def open_engine(args: argparse.Namespace) -> AsyncIterator[Engine]:
     if kind == "auto":
         kind = "vllm" if importlib.util.find_spec("vllm") is not None else "scripted"
     if kind == "scripted":
-        engine = ScriptedEngine(token_delay=args.token_delay)
+        scripted = ScriptedEngine(token_delay=args.token_delay)
         if args.served_model_name or args.max_model_len:
-            engine.info = attrs.evolve(
-                engine.info,
-                name=args.served_model_name or engine.info.name,
-                max_model_len=args.max_model_len or engine.info.max_model_len,
+            scripted.info = attrs.evolve(
+                scripted.info,
+                name=args.served_model_name or scripted.info.name,
+                max_model_len=args.max_model_len or scripted.info.max_model_len,
             )
-        yield engine
+        yield scripted
         return
     from braid.engine.vllm import open_vllm_engine
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Awaitable, Callable
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import attrs
 import trio
@@ -54,9 +54,9 @@ class Heartbeat:
     _idle_from: float | None = None  # start of the consumer's idle period (None: it just wrote)
     _waiting_since: float | None = None  # read by the clock: the idle period of the open wait
     _scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
-    _ticks: trio.MemorySendChannel[object] | None = None
+    _ticks: trio.MemorySendChannel[Any] | None = None
 
-    async def clock(self, ticks: trio.MemorySendChannel[object]) -> None:
+    async def clock(self, ticks: trio.MemorySendChannel[Any]) -> None:
         """Put :data:`TICK` into ``ticks`` each time the consumer has waited a period (a task).
 
         Asleep for at least ``period`` at a time: a consumer that starts waiting while the clock

@@ -19,10 +19,12 @@ from collections.abc import Iterable
 import attrs
 
 from braid.encode import DONE, SseEncoder, Usage, completion_body
-from braid.engine.base import EngineOutput, Tokenizer
+from braid.engine.base import Tokenizer
 from braid.errors import BraidError
 from braid.plan import Plan
 from braid.render import ChoiceChunk, ChoiceRenderer, LogprobsFragment
+from braid.run import Arrival
+
 
 class ProtocolViolation(RuntimeError):
     """The merger was driven out of order: a bug in braid, never a client's fault."""

@@ -176,7 +176,7 @@ def make_plan(
         else:
             ids = prompt.token_ids
         if keep is not None and keep < len(ids):
-            text_specials = ()
+            text_specials: tuple[int, ...] = ()
             if isinstance(prompt, TextPrompt) and req.add_special_tokens:
                 if specials is None:  # what the tokenizer adds to any text, once per request
                     specials = tuple(tokenizer.encode("", add_special_tokens=True))

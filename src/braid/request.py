@@ -259,7 +259,7 @@ def _parse_prompt_list(value: list[object], limits: Limits) -> tuple[Prompt, ...
         for i, p in enumerate(value):
             if not isinstance(p, str):
                 raise _schema(f"prompt[{i}]: a list of strings cannot hold {_type_name(p)}; prompt must be {_SHAPES}.")
-        prompts: tuple[Prompt, ...] = tuple(TextPrompt(p) for p in value)
+        prompts: tuple[Prompt, ...] = tuple(TextPrompt(p) for p in value if isinstance(p, str))
     elif isinstance(first, list):
         out: list[Prompt] = []
         for i, p in enumerate(value):

@@ -11,10 +11,10 @@ import trio
 from braid.encode import HEARTBEAT
 from braid.engine.base import ChoiceDelta, EngineOutput, EngineRequest
 from braid.engine.scripted import ScriptedEngine
+from braid.heartbeat import TICK, Heartbeat
 from braid.http.body import GATHER_ROUNDS, CompletionStream, _gather
 from braid.merge import StreamMerger
 from braid.metrics import Metrics
-from braid.heartbeat import TICK, Heartbeat
 from braid.run import CompletionRun
 from braid.settings import Settings
 from tests.helpers import parse_sse, plan_for

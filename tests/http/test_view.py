@@ -14,8 +14,8 @@ from braid.engine.base import EngineOutput, EngineRequest
 from braid.engine.scripted import ScriptedEngine
 from braid.http.body import CompletionStream
 from braid.http.view import AppState, JsonResponse, completions
-from braid.settings import Settings
 from braid.metrics import Metrics
+from braid.settings import Settings
 from tests.helpers import parse_sse
 
 JSON = "application/json"

@@ -55,9 +55,9 @@ import trio
 
 from braid.engine.base import (
     ChoiceDelta,
-    FailureHandler,
     EngineOutput,
     EngineRequest,
+    FailureHandler,
     Logprob,
     ModelInfo,
     TopLogprobs,
@@ -308,7 +308,7 @@ def join_deltas(outputs: Sequence[EngineOutput]) -> EngineOutput:
     choices = []
     for k in sorted(parts):
         ds = parts[k]
-        lps = [lp for d in ds for lp in d.logprobs] if ds[0].logprobs is not None else None
+        lps = [lp for d in ds for lp in (d.logprobs or ())] if ds[0].logprobs is not None else None
         choices.append(ChoiceDelta(
             k, "".join(d.text for d in ds), tuple(t for d in ds for t in d.token_ids),
             None if lps is None else tuple(lps), ds[-1].finish_reason, ds[-1].stop_reason,

@@ -185,7 +185,8 @@ async def _open_asyncllm(kwargs: dict[str, Any], make_info: Any, fault_hooks: bo
     """``AsyncLLM`` on a new asyncio thread."""
 
     def imports() -> tuple[Any, Any, Any, Any]:
-        from vllm import AsyncEngineArgs, SamplingParams as VSamplingParams
+        from vllm import AsyncEngineArgs
+        from vllm import SamplingParams as VSamplingParams
         from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.async_llm import AsyncLLM
 

@@ -125,7 +125,7 @@ def convert_output(ro: Any) -> EngineOutput:
     return EngineOutput(tuple(ro.prompt_token_ids or ()), tuple(choices), bool(ro.finished), prompt_lps, ro.num_cached_tokens)
 
 
-def map_error(exc: BaseException) -> BaseException:
+def map_error(exc: BaseException) -> BraidError:
     """vLLM's exceptions -> braid's error types (see braid.errors)."""
     from vllm.v1.engine.exceptions import EngineDeadError
 

@@ -32,7 +32,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from copy import copy
 from typing import Any
@@ -254,7 +254,7 @@ class VllmCoreEngine:
                 request.request_id, prompt, params, supported_tasks=self.supported_tasks, arrival_time=time.time()
             )
             self.input_processor.assign_request_id(core_request)
-        except Exception as exc:  # noqa: BLE001 - vLLM's validation: ValueError and its own types
+        except Exception as exc:
             raise map_error(exc) from exc
         internal_id = core_request.request_id
         fault = fail_after(request, self.fault_hooks)
@@ -353,7 +353,7 @@ class VllmCoreEngine:
                             self._report_failures()
                     op.update_scheduler_stats(outputs.scheduler_stats)
                 await trio.lowlevel.wait_readable(fd)
-        except Exception as exc:  # noqa: BLE001 - any failure here means the engine is gone for us
+        except Exception as exc:
             log.exception("the engine's output pump failed; the engine is now unavailable")
             # The engine core may still be alive (a decoding or processing error): without its
             # reader, it must not go on generating every open request to the end.
@@ -425,7 +425,8 @@ async def open_core_engine(
     tokenizer (awaitable)."""
 
     def start() -> tuple[Any, ...]:
-        from vllm import AsyncEngineArgs, SamplingParams as VSamplingParams
+        from vllm import AsyncEngineArgs
+        from vllm import SamplingParams as VSamplingParams
         from vllm.renderers import renderer_from_config
         from vllm.sampling_params import RequestOutputKind
         from vllm.transformers_utils.config import maybe_register_config_serialize_by_value

@@ -26,8 +26,8 @@ from braid.engine.base import Engine
 from braid.errors import BraidError, error_payload
 from braid.http import view
 from braid.http.view import AppState, JsonResponse
-from braid.settings import Settings
 from braid.metrics import Metrics
+from braid.settings import Settings
 
 log = logging.getLogger("braid")
 
