@@ -63,10 +63,13 @@ LOG_CONFIG = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"t": {"format": "%(created).6f pid=%(process)d %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"out": {"class": "logging.StreamHandler", "formatter": "t", "level": "DEBUG",
-                         "stream": "ext://sys.stdout"}},
-    "loggers": {"vllm": {"handlers": ["out"], "level": "INFO", "propagate": False},
-                "vllm.v1.engine.core": {"level": "DEBUG"}},
+    "handlers": {
+        "out": {"class": "logging.StreamHandler", "formatter": "t", "level": "DEBUG", "stream": "ext://sys.stdout"}
+    },
+    "loggers": {
+        "vllm": {"handlers": ["out"], "level": "INFO", "propagate": False},
+        "vllm.v1.engine.core": {"level": "DEBUG"},
+    },
 }
 
 
@@ -77,8 +80,11 @@ def _config(quick: bool) -> tuple[int, int]:
 
 def _gauges(client: httpx.Client, server: Any) -> float:
     total = 0.0
-    names = (("braid_engine_unfinished_requests", "braid_engine_requests_in_flight") if server.kind == "braid"
-             else ("vllm:num_requests_running", "vllm:num_requests_waiting"))
+    names = (
+        ("braid_engine_unfinished_requests", "braid_engine_requests_in_flight")
+        if server.kind == "braid"
+        else ("vllm:num_requests_running", "vllm:num_requests_waiting")
+    )
     for line in client.get(server.url + "/metrics").text.splitlines():
         if line and not line.startswith("#") and line.split("{", 1)[0].split(" ", 1)[0] in names:
             total += float(line.rpartition(" ")[2])
@@ -103,11 +109,21 @@ def _idle_after(log: Path, offset: int, t_close: float, within: float = 30.0) ->
 def trial(server: Any, prompts: list[list[int]], client: httpx.Client, poll: bool) -> dict[str, float]:
     """One abort trial; times in ms from the close."""
     offset = server.log.stat().st_size
-    body = json.dumps({"model": server.model, "prompt": prompts, "max_tokens": MAX_TOKENS, "ignore_eos": True,
-                       "temperature": 1.0, "stream": True}).encode()
+    body = json.dumps(
+        {
+            "model": server.model,
+            "prompt": prompts,
+            "max_tokens": MAX_TOKENS,
+            "ignore_eos": True,
+            "temperature": 1.0,
+            "stream": True,
+        }
+    ).encode()
     host, port = server.url.removeprefix("http://").split(":")
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
     sock = socket.create_connection((host, int(port)))
     sent = time.time()
     sock.sendall(head + body)
@@ -150,10 +166,14 @@ def run(quick: bool) -> Section:
     WORK.mkdir(parents=True, exist_ok=True)
     log_config = WORK / "vllm-logging-abort.json"
     log_config.write_text(json.dumps(LOG_CONFIG))
-    results: dict[str, dict[str, list[dict[str, float]]]] = {k: {"passive": [], "polled": []} for k in ("braid", "vllm")}
+    results: dict[str, dict[str, list[dict[str, float]]]] = {
+        k: {"passive": [], "polled": []} for k in ("braid", "vllm")
+    }
     scrape_ms: dict[str, float] = {}
-    with start_pair("abort", env={"VLLM_LOGGING_CONFIG_PATH": str(log_config)}) as (braid, vllm), \
-            httpx.Client(timeout=30) as client:
+    with (
+        start_pair("abort", env={"VLLM_LOGGING_CONFIG_PATH": str(log_config)}) as (braid, vllm),
+        httpx.Client(timeout=30) as client,
+    ):
         setup_s = time.monotonic() - started
         servers = {"braid": braid, "vllm": vllm}
         for s in servers.values():
@@ -186,30 +206,45 @@ def run(quick: bool) -> Section:
     for name, label in (("braid", "braid"), ("vllm", "vLLM server")):
         passive = [r["engine_ms"] for r in results[name]["passive"]]
         first = [r["first_events_ms"] for r in results[name]["passive"]]
-        rows.append([label, len(passive), *_stats(passive), sum(x > 250 for x in passive),
-                     f"{statistics.median(first):.0f}"])
+        rows.append(
+            [label, len(passive), *_stats(passive), sum(x > 250 for x in passive), f"{statistics.median(first):.0f}"]
+        )
     poll_rows = []
     for name, label in (("braid", "braid"), ("vllm", "vLLM server")):
         polled = results[name]["polled"]
         gauge = [r["gauge_ms"] for r in polled]
         engine = [r["engine_ms"] for r in polled]
         lead = [r["gauge_ms"] - r["engine_ms"] for r in polled]
-        poll_rows.append([label, len(polled), *_stats(gauge)[:2], *_stats(engine)[:2],
-                          f"{statistics.median(lead):+.1f}", f"{min(lead):+.1f} / {max(lead):+.1f}",
-                          f"{scrape_ms[name]:.1f}"])
+        poll_rows.append(
+            [
+                label,
+                len(polled),
+                *_stats(gauge)[:2],
+                *_stats(engine)[:2],
+                f"{statistics.median(lead):+.1f}",
+                f"{min(lead):+.1f} / {max(lead):+.1f}",
+                f"{scrape_ms[name]:.1f}",
+            ]
+        )
     b_passive = [r["engine_ms"] for r in results["braid"]["passive"]]
     v_passive = [r["engine_ms"] for r in results["vllm"]["passive"]]
     b_p99 = percentile(b_passive, 99)
     b_polled = results["braid"]["polled"]
     targets = (
-        Target("braid abort latency p99 (close -> engine core idle)", b_p99, 50, False, " ms",
-               why_missed=f"braid p50 {percentile(b_passive, 50):.0f} / p99 {b_p99:.0f} ms vs vLLM's server "
-                          f"p50 {percentile(v_passive, 50):.0f} / p99 {percentile(v_passive, 99):.0f} ms on the same "
-                          f"engine; in polled trials braid's own gauges (its drivers and its OutputProcessor's count) "
-                          f"reached 0 after a median {statistics.median(r['gauge_ms'] for r in b_polled):.0f} ms of "
-                          f"{statistics.median(r['engine_ms'] for r in b_polled):.0f} ms to engine idle, so most of the "
-                          f"time passes before braid's front end has dropped the requests "
-                          f"(load average {load_before[0]:.1f} at start)"),
+        Target(
+            "braid abort latency p99 (close -> engine core idle)",
+            b_p99,
+            50,
+            False,
+            " ms",
+            why_missed=f"braid p50 {percentile(b_passive, 50):.0f} / p99 {b_p99:.0f} ms vs vLLM's server "
+            f"p50 {percentile(v_passive, 50):.0f} / p99 {percentile(v_passive, 99):.0f} ms on the same "
+            f"engine; in polled trials braid's own gauges (its drivers and its OutputProcessor's count) "
+            f"reached 0 after a median {statistics.median(r['gauge_ms'] for r in b_polled):.0f} ms of "
+            f"{statistics.median(r['engine_ms'] for r in b_polled):.0f} ms to engine idle, so most of the "
+            f"time passes before braid's front end has dropped the requests "
+            f"(load average {load_before[0]:.1f} at start)",
+        ),
     )
     md = [
         f"Mode: {'quick' if quick else 'full'}. {PROMPTS} prompts x {PROMPT_LEN} random token ids per request (new prompts "
@@ -225,8 +260,20 @@ def run(quick: bool) -> Section:
         "Polled trials: the servers' own gauges polled every 2 ms (`ServerProcess.unfinished`), and the engine-core "
         "signal of the same trials. `gauge − engine` < 0 means the gauge reached 0 before the engine was idle:",
         "",
-        table(["server", "trials", "gauge p50", "gauge p99", "engine p50", "engine p99", "gauge − engine (median)",
-               "min / max", "one scrape (ms)"], poll_rows),
+        table(
+            [
+                "server",
+                "trials",
+                "gauge p50",
+                "gauge p99",
+                "engine p50",
+                "engine p99",
+                "gauge − engine (median)",
+                "min / max",
+                "one scrape (ms)",
+            ],
+            poll_rows,
+        ),
         "",
         "How the gauges are updated (vLLM 0.32 source): braid's `braid_engine_unfinished_requests` reads the count of "
         "vLLM's `OutputProcessor` in braid's engine-core client, which an abort clears *before* the abort reaches the "

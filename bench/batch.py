@@ -38,8 +38,13 @@ MAX_TOKENS = 16  # 1024 prompts x 64 tokens x 5 systems x repetitions does not f
 VOCAB = 2048
 SEED = 6
 SYSTEMS = ("braid", "vllm", "braid-stream", "vllm-stream", "offline")
-LABELS = {"braid": "braid", "vllm": "vLLM server", "braid-stream": "braid (stream)",
-          "vllm-stream": "vLLM server (stream)", "offline": "offline LLM.generate"}
+LABELS = {
+    "braid": "braid",
+    "vllm": "vLLM server",
+    "braid-stream": "braid (stream)",
+    "vllm-stream": "vLLM server (stream)",
+    "offline": "offline LLM.generate",
+}
 
 
 def _config(quick: bool) -> dict[int, int]:
@@ -51,8 +56,14 @@ def _config(quick: bool) -> dict[int, int]:
 
 def _request(client: httpx.Client, server: Any, prompts: list[list[int]], stream: bool) -> tuple[float, int, int]:
     """(wall seconds, front-end peak growth bytes, engine-core peak growth bytes) of one request."""
-    body = {"model": server.model, "prompt": prompts, "max_tokens": MAX_TOKENS, "ignore_eos": True,
-            "temperature": 1.0, "stream": stream}
+    body = {
+        "model": server.model,
+        "prompt": prompts,
+        "max_tokens": MAX_TOKENS,
+        "ignore_eos": True,
+        "temperature": 1.0,
+        "stream": stream,
+    }
     pids = [server.pid, engine_core_pid(server)]
     before = [rss_bytes(p) for p in pids]
     for p in pids:
@@ -126,7 +137,7 @@ def run(quick: bool) -> Section:
         for n in sizes:
             batch = prompts[:n]
             for r in range(reps[n]):
-                for system in SYSTEMS[r % len(SYSTEMS):] + SYSTEMS[:r % len(SYSTEMS)]:
+                for system in SYSTEMS[r % len(SYSTEMS) :] + SYSTEMS[: r % len(SYSTEMS)]:
                     if system == "offline":
                         out = offline.call(op="generate", prompt_token_ids=batch, max_tokens=MAX_TOKENS)
                         if out["output_tokens"] != n * MAX_TOKENS:
@@ -148,18 +159,33 @@ def run(quick: bool) -> Section:
         v = walls[system][n]
         return f"{med(system, n):.3g}" if len(v) < 2 else f"{med(system, n):.3g} ({min(v):.3g}–{max(v):.3g})"
 
-    wall_rows = [[n, reps[n], *[cell(s, n) for s in SYSTEMS],
-                  f"{med('braid', n) / med('offline', n):.2f}", f"{med('vllm', n) / med('offline', n):.2f}",
-                  f"{med('braid-stream', n) / med('offline', n):.2f}", f"{med('vllm-stream', n) / med('offline', n):.2f}"]
-                 for n in sizes]
+    wall_rows = [
+        [
+            n,
+            reps[n],
+            *[cell(s, n) for s in SYSTEMS],
+            f"{med('braid', n) / med('offline', n):.2f}",
+            f"{med('vllm', n) / med('offline', n):.2f}",
+            f"{med('braid-stream', n) / med('offline', n):.2f}",
+            f"{med('vllm-stream', n) / med('offline', n):.2f}",
+        ]
+        for n in sizes
+    ]
     mib = 1024 * 1024
-    mem_rows = [[n, *[f"{max(0, *mem[s][n]) / mib:.1f}" for s in mem], *[f"{max(0, *engine_mem[s][n]) / mib:.1f}" for s in mem]]
-                for n in sizes]
+    mem_rows = [
+        [n, *[f"{max(0, *mem[s][n]) / mib:.1f}" for s in mem], *[f"{max(0, *engine_mem[s][n]) / mib:.1f}" for s in mem]]
+        for n in sizes
+    ]
     ratio64 = med("braid", 64) / med("offline", 64)
     targets = (
-        Target("braid 64-prompt non-streaming wall / offline generate", ratio64, 1.2, False,
-               why_missed=f"braid {med('braid', 64) * 1000:.0f} ms vs offline {med('offline', 64) * 1000:.0f} ms "
-                          f"(vLLM's server {med('vllm', 64) * 1000:.0f} ms) over {reps[64]} repetitions"),
+        Target(
+            "braid 64-prompt non-streaming wall / offline generate",
+            ratio64,
+            1.2,
+            False,
+            why_missed=f"braid {med('braid', 64) * 1000:.0f} ms vs offline {med('offline', 64) * 1000:.0f} ms "
+            f"(vLLM's server {med('vllm', 64) * 1000:.0f} ms) over {reps[64]} repetitions",
+        ),
     )
     plot = _plot(walls, sizes)
     md = [
@@ -170,15 +196,37 @@ def run(quick: bool) -> Section:
         "",
         "Wall time in seconds, median (min–max) over the repetitions, and the ratio of the medians to offline:",
         "",
-        table(["prompts", "reps", *[LABELS[s] for s in SYSTEMS], "braid/offline", "vLLM/offline",
-               "braid stream/offline", "vLLM stream/offline"], wall_rows),
+        table(
+            [
+                "prompts",
+                "reps",
+                *[LABELS[s] for s in SYSTEMS],
+                "braid/offline",
+                "vLLM/offline",
+                "braid stream/offline",
+                "vLLM stream/offline",
+            ],
+            wall_rows,
+        ),
         "",
         "Peak RSS growth during the request, MiB (VmHWM after a reset minus VmRSS before; largest over the "
         "repetitions). Front end = the server process (braid, or vLLM's API server); engine core = its "
         "`VLLM::EngineCore` child, which holds the model and KV cache for both servers:",
         "",
-        table(["prompts", "braid", "vLLM server", "braid (stream)", "vLLM server (stream)", "engine core: braid",
-               "engine core: vLLM", "engine core: braid (stream)", "engine core: vLLM (stream)"], mem_rows),
+        table(
+            [
+                "prompts",
+                "braid",
+                "vLLM server",
+                "braid (stream)",
+                "vLLM server (stream)",
+                "engine core: braid",
+                "engine core: vLLM",
+                "engine core: braid (stream)",
+                "engine core: vLLM (stream)",
+            ],
+            mem_rows,
+        ),
         "",
         "In both servers the engine core is a separate process (vLLM's server runs AsyncLLM; braid drives the "
         "engine core from its own thread, `braid.engine.vllm_core`); "

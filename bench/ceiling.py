@@ -122,15 +122,28 @@ def _lua(body: dict[str, object]) -> Iterator[str]:
 
 
 def _wrk_argv(url: str, script: str, seconds: int) -> list[str]:
-    return [*_pin(LOAD_CPU), wrk_path(), "-t1", f"-c{CONNECTIONS}", f"-d{seconds}s", "--timeout", "10s", "-s", script, url]
+    return [
+        *_pin(LOAD_CPU),
+        wrk_path(),
+        "-t1",
+        f"-c{CONNECTIONS}",
+        f"-d{seconds}s",
+        "--timeout",
+        "10s",
+        "-s",
+        script,
+        url,
+    ]
 
 
 def _parse_wrk(out: str, cpu_s: float) -> WrkResult:
     for line in out.splitlines():
         if line.startswith("WRKJSON "):
-            d = json.loads(line[len("WRKJSON "):])
+            d = json.loads(line[len("WRKJSON ") :])
             errors = d["connect"] + d["read"] + d["write"] + d["status"] + d["timeout"]
-            return WrkResult(d["requests"], d["duration_us"] / 1e6, d["bytes"], errors, d["p50_us"] / 1e3, d["p99_us"] / 1e3, cpu_s)
+            return WrkResult(
+                d["requests"], d["duration_us"] / 1e6, d["bytes"], errors, d["p50_us"] / 1e3, d["p99_us"] / 1e3, cpu_s
+            )
     raise RuntimeError(f"wrk printed no summary:\n{out}")
 
 
@@ -217,14 +230,29 @@ def _owner(frames: list[str]) -> str:
 
 # Inclusive shares: a sample counts for a phase when the phase's frame is anywhere on its stack.
 PHASES = (
-    ("quart's response loop (`ASGIHTTPConnection._send_response`): body iteration + sends", "ASGIHTTPConnection._send_response (quart/asgi.py)"),
-    ("… body sends: hypercorn `HTTPStream.app_send` → h11 → trio socket", "HTTPStream.app_send (hypercorn/protocol/http_stream.py)"),
-    ("… braid `CompletionStream.__anext__` (channel receive + merge)", "CompletionStream.__anext__ (braid/http/body.py)"),
+    (
+        "quart's response loop (`ASGIHTTPConnection._send_response`): body iteration + sends",
+        "ASGIHTTPConnection._send_response (quart/asgi.py)",
+    ),
+    (
+        "… body sends: hypercorn `HTTPStream.app_send` → h11 → trio socket",
+        "HTTPStream.app_send (hypercorn/protocol/http_stream.py)",
+    ),
+    (
+        "… braid `CompletionStream.__anext__` (channel receive + merge)",
+        "CompletionStream.__anext__ (braid/http/body.py)",
+    ),
     ("… … braid `StreamMerger.feed` (render + encode)", "StreamMerger.feed (braid/merge.py)"),
     ("braid drivers (`CompletionRun._drive`), engine included", "CompletionRun._drive (braid/run.py)"),
     ("… the scripted engine (`_Generation.outputs`)", "_Generation.outputs (braid/engine/scripted.py)"),
-    ("request in: hypercorn reading + h11 parsing (`TCPServer._read_data`)", "TCPServer._read_data (hypercorn/trio/tcp_server.py)"),
-    ("quart dispatch + braid's view: parse, validate, plan (`full_dispatch_request`)", "QuartTrio.full_dispatch_request (quart_trio/app.py)"),
+    (
+        "request in: hypercorn reading + h11 parsing (`TCPServer._read_data`)",
+        "TCPServer._read_data (hypercorn/trio/tcp_server.py)",
+    ),
+    (
+        "quart dispatch + braid's view: parse, validate, plan (`full_dispatch_request`)",
+        "QuartTrio.full_dispatch_request (quart_trio/app.py)",
+    ),
 )
 
 
@@ -282,17 +310,41 @@ def profile_braid(seconds: int, warmup: int) -> Profile | None:
     stats = Path(tempfile.gettempdir()) / f"bench-braid-sends-{port}.json"
     out = Path(tempfile.gettempdir()) / f"bench-pyspy-{port}.txt"
     url = f"http://127.0.0.1:{port}/v1/completions"
-    with server("braid-counting", ["bench.apps.braid_counting", "--port", str(port), "--stats", str(stats)], port,
-                cpu=SERVER_CPU) as proc, _lua(STREAM_BODY) as script:
+    with (
+        server(
+            "braid-counting",
+            ["bench.apps.braid_counting", "--port", str(port), "--stats", str(stats)],
+            port,
+            cpu=SERVER_CPU,
+        ) as proc,
+        _lua(STREAM_BODY) as script,
+    ):
         if warmup:
             subprocess.run(_wrk_argv(url, script, warmup), check=True, capture_output=True)
-        load = subprocess.Popen(_wrk_argv(url, script, seconds + 2), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        load = subprocess.Popen(
+            _wrk_argv(url, script, seconds + 2), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         try:
             time.sleep(1)
             spy_run = subprocess.run(
-                [*_pin(LOAD_CPU), spy, "record", "--pid", str(proc.pid), "--duration", str(seconds), "--rate", "250",
-                 "--format", "raw", "--idle", "-o", str(out)],
-                capture_output=True, text=True,
+                [
+                    *_pin(LOAD_CPU),
+                    spy,
+                    "record",
+                    "--pid",
+                    str(proc.pid),
+                    "--duration",
+                    str(seconds),
+                    "--rate",
+                    "250",
+                    "--format",
+                    "raw",
+                    "--idle",
+                    "-o",
+                    str(out),
+                ],
+                capture_output=True,
+                text=True,
             )
         finally:
             load.wait()
@@ -310,8 +362,11 @@ def analyse(text: str, seconds: int, counts: dict[str, int]) -> Profile:
     total, cats, leaf, incl = parse_raw(text)
     pct = lambda n: 100.0 * n / max(total, 1)  # noqa: E731
     skip = ("run (trio/_core/_run.py)", "unrolled_run", "<module>", "main (", "_call_with_frames_removed")
-    inclusive = [(f, pct(n)) for f, n in incl.most_common(60)
-                 if not any(s in f for s in skip) and "bench/apps" not in f and pct(n) < 97]
+    inclusive = [
+        (f, pct(n))
+        for f, n in incl.most_common(60)
+        if not any(s in f for s in skip) and "bench/apps" not in f and pct(n) < 97
+    ]
     return Profile(
         samples=total,
         seconds=seconds,
@@ -360,27 +415,62 @@ def run(quick: bool) -> Section:
     with ExitStack() as stack:
         ports = {name: free_port() for name in ("braid", "braid-stock", "bare", "bare-fast", "fastapi")}
         url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
-        braid = stack.enter_context(server(
-            "braid", ["braid", "serve", "--engine", "scripted", "--token-delay", "0", "--port", str(ports["braid"])],
-            ports["braid"], cpu=SERVER_CPU))
-        braid_stock = stack.enter_context(server(
-            "braid-stock", ["braid", "serve", "--engine", "scripted", "--token-delay", "0", "--stock-send",
-                            "--port", str(ports["braid-stock"])], ports["braid-stock"], cpu=SERVER_CPU))
+        braid = stack.enter_context(
+            server(
+                "braid",
+                ["braid", "serve", "--engine", "scripted", "--token-delay", "0", "--port", str(ports["braid"])],
+                ports["braid"],
+                cpu=SERVER_CPU,
+            )
+        )
+        braid_stock = stack.enter_context(
+            server(
+                "braid-stock",
+                [
+                    "braid",
+                    "serve",
+                    "--engine",
+                    "scripted",
+                    "--token-delay",
+                    "0",
+                    "--stock-send",
+                    "--port",
+                    str(ports["braid-stock"]),
+                ],
+                ports["braid-stock"],
+                cpu=SERVER_CPU,
+            )
+        )
         raw, body = _capture(url["braid"])
         STREAM_FILE.write_bytes(raw)
         JSON_FILE.write_bytes(body)
         stack.callback(STREAM_FILE.unlink, missing_ok=True)
         stack.callback(JSON_FILE.unlink, missing_ok=True)
         payload = ["--stream", str(STREAM_FILE), "--json", str(JSON_FILE)]
-        bare = stack.enter_context(server(
-            "bare-hypercorn", ["bench.apps.bare_hypercorn", "--port", str(ports["bare"]), *payload], ports["bare"],
-            cpu=SERVER_CPU))
-        bare_fast = stack.enter_context(server(
-            "bare-hypercorn-fast", ["bench.apps.bare_hypercorn", "--port", str(ports["bare-fast"]), *payload,
-                                    "--fast-send"], ports["bare-fast"], cpu=SERVER_CPU))
-        fast = stack.enter_context(server(
-            "fastapi", ["bench.apps.fastapi_app", "--port", str(ports["fastapi"]), *payload], ports["fastapi"],
-            cpu=SERVER_CPU))
+        bare = stack.enter_context(
+            server(
+                "bare-hypercorn",
+                ["bench.apps.bare_hypercorn", "--port", str(ports["bare"]), *payload],
+                ports["bare"],
+                cpu=SERVER_CPU,
+            )
+        )
+        bare_fast = stack.enter_context(
+            server(
+                "bare-hypercorn-fast",
+                ["bench.apps.bare_hypercorn", "--port", str(ports["bare-fast"]), *payload, "--fast-send"],
+                ports["bare-fast"],
+                cpu=SERVER_CPU,
+            )
+        )
+        fast = stack.enter_context(
+            server(
+                "fastapi",
+                ["bench.apps.fastapi_app", "--port", str(ports["fastapi"]), *payload],
+                ports["fastapi"],
+                cpu=SERVER_CPU,
+            )
+        )
         streaming = [
             ("braid", url["braid"] + "/v1/completions", braid.pid),
             (STOCK, url["braid-stock"] + "/v1/completions", braid_stock.pid),
@@ -408,8 +498,9 @@ def run(quick: bool) -> Section:
     streams = {name: _combine(runs) for name, runs in stream_runs.items()}
     per_pass = {name: [r.rps for r in runs] for name, runs in stream_runs.items()}
     event_sizes = [len(e) + 2 for e in _events(raw)[:-1]]
-    return _section(run_s, streams, per_pass, plain, prof, event_sizes, len(raw), len(body),
-                    (load_before, os.getloadavg()[0]))
+    return _section(
+        run_s, streams, per_pass, plain, prof, event_sizes, len(raw), len(body), (load_before, os.getloadavg()[0])
+    )
 
 
 def _section(
@@ -436,43 +527,86 @@ def _section(
     r_stock = stock.rps / per_event.rps
 
     rows = [
-        [name, r.rps, r.rps * TOKENS, " / ".join(f"{x:,.0f}" for x in per_pass[name]),
-         f"{r.p50_ms:.1f} / {r.p99_ms:.1f}", f"{r.cpu_us_per_request:,.0f}",
-         f"{100 * r.server_cpu_share:.0f}%", f"{r.wire_bytes / max(r.requests, 1):,.0f}", r.errors,
-         f"{r.rps / braid.rps:.2f}"]
+        [
+            name,
+            r.rps,
+            r.rps * TOKENS,
+            " / ".join(f"{x:,.0f}" for x in per_pass[name]),
+            f"{r.p50_ms:.1f} / {r.p99_ms:.1f}",
+            f"{r.cpu_us_per_request:,.0f}",
+            f"{100 * r.server_cpu_share:.0f}%",
+            f"{r.wire_bytes / max(r.requests, 1):,.0f}",
+            r.errors,
+            f"{r.rps / braid.rps:.2f}",
+        ]
         for name, r in streams.items()
     ]
-    header = ["server (1 core)", "requests/s", "events/s", "req/s by pass", "p50 / p99 ms", "server CPU µs/request", "server CPU",
-              "wire B/response", "errors", "vs braid (req/s)"]
+    header = [
+        "server (1 core)",
+        "requests/s",
+        "events/s",
+        "req/s by pass",
+        "p50 / p99 ms",
+        "server CPU µs/request",
+        "server CPU",
+        "wire B/response",
+        "errors",
+        "vs braid (req/s)",
+    ]
     mean_event = sum(event_sizes) / len(event_sizes)
     md = [
         f"Every server pinned to core {SERVER_CPU}, `wrk -t1 -c{CONNECTIONS}` pinned to core {LOAD_CPU}, "
         f"{run_s} s per run after a warm-up"
-        + (f", {len(next(iter(per_pass.values())))} passes in opposite orders (rates below are over both)" if len(next(iter(per_pass.values()))) > 1 else "")
+        + (
+            f", {len(next(iter(per_pass.values())))} passes in opposite orders (rates below are over both)"
+            if len(next(iter(per_pass.values()))) > 1
+            else ""
+        )
         + f". Each streaming response is {TOKENS} token events of "
         f"{mean_event:.0f} B (`data: {{...}}\\n\\n`, measured on braid's own output) plus `data: [DONE]`: "
         f"{stream_bytes:,} B of SSE per response, the very bytes every server sends. Events/s = requests/s × {TOKENS}. "
         f"1-minute load average {load[0]:.1f} before the runs and {load[1]:.1f} after "
         f"(the machine has {os.cpu_count()} cores, shared with other work).",
         "",
-        "**Streaming** (`prompt: \"x\", max_tokens: 64, stream: true, ignore_eos: true`)",
+        '**Streaming** (`prompt: "x", max_tokens: 64, stream: true, ignore_eos: true`)',
         "",
         table(header, rows),
         "",
-        table(["ratio", "requests/s", "CPU per request (inverse)"], [
-            ["braid / bare hypercorn-trio, one send per response (the target's comparator)", f"{r_resp:.2f}",
-             f"{per_response.cpu_us_per_request / braid.cpu_us_per_request:.2f}"],
-            ["braid / bare hypercorn-trio, one send per event", f"{r_event:.2f}",
-             f"{per_event.cpu_us_per_request / braid.cpu_us_per_request:.2f}"],
-            ["braid / FastAPI + uvicorn (vLLM's stack)", f"{r_fast:.2f}",
-             f"{fastapi.cpu_us_per_request / braid.cpu_us_per_request:.2f}"],
-            ["braid / bare hypercorn-trio + the same fast send, one send per event (like for like)", f"{r_like:.2f}",
-             f"{per_event_fast.cpu_us_per_request / braid.cpu_us_per_request:.2f}"],
-            ["braid with hypercorn's stock send / bare hypercorn-trio, one send per event (like for like)",
-             f"{r_stock:.2f}", f"{per_event.cpu_us_per_request / stock.cpu_us_per_request:.2f}"],
-            ["braid / braid with hypercorn's stock send (what fast send buys)", f"{braid.rps / stock.rps:.2f}",
-             f"{stock.cpu_us_per_request / braid.cpu_us_per_request:.2f}"],
-        ]),
+        table(
+            ["ratio", "requests/s", "CPU per request (inverse)"],
+            [
+                [
+                    "braid / bare hypercorn-trio, one send per response (the target's comparator)",
+                    f"{r_resp:.2f}",
+                    f"{per_response.cpu_us_per_request / braid.cpu_us_per_request:.2f}",
+                ],
+                [
+                    "braid / bare hypercorn-trio, one send per event",
+                    f"{r_event:.2f}",
+                    f"{per_event.cpu_us_per_request / braid.cpu_us_per_request:.2f}",
+                ],
+                [
+                    "braid / FastAPI + uvicorn (vLLM's stack)",
+                    f"{r_fast:.2f}",
+                    f"{fastapi.cpu_us_per_request / braid.cpu_us_per_request:.2f}",
+                ],
+                [
+                    "braid / bare hypercorn-trio + the same fast send, one send per event (like for like)",
+                    f"{r_like:.2f}",
+                    f"{per_event_fast.cpu_us_per_request / braid.cpu_us_per_request:.2f}",
+                ],
+                [
+                    "braid with hypercorn's stock send / bare hypercorn-trio, one send per event (like for like)",
+                    f"{r_stock:.2f}",
+                    f"{per_event.cpu_us_per_request / stock.cpu_us_per_request:.2f}",
+                ],
+                [
+                    "braid / braid with hypercorn's stock send (what fast send buys)",
+                    f"{braid.rps / stock.rps:.2f}",
+                    f"{stock.cpu_us_per_request / braid.cpu_us_per_request:.2f}",
+                ],
+            ],
+        ),
         "",
         "braid serves through `braid.http.fast_send`: when the socket has room it writes each body chunk with "
         "one non-blocking `send(2)` instead of hypercorn's lock + shielded scope + `send_all` (two scheduler "
@@ -509,14 +643,34 @@ def _section(
             "per event) is braid's own work: quart's request and response layers, the run's tasks and channel, "
             "the scripted engine, render and encode (see the profile).",
         ]
-    prow = [[name, r.rps, f"{r.p50_ms:.1f} / {r.p99_ms:.1f}", f"{r.cpu_us_per_request:,.0f}",
-             f"{100 * r.server_cpu_share:.0f}%", r.errors, f"{r.rps / plain['braid'].rps:.2f}"] for name, r in plain.items()]
+    prow = [
+        [
+            name,
+            r.rps,
+            f"{r.p50_ms:.1f} / {r.p99_ms:.1f}",
+            f"{r.cpu_us_per_request:,.0f}",
+            f"{100 * r.server_cpu_share:.0f}%",
+            r.errors,
+            f"{r.rps / plain['braid'].rps:.2f}",
+        ]
+        for name, r in plain.items()
+    ]
     md += [
         "",
         f"**Non-streaming** (same request with `stream: false`: one {json_bytes} B JSON body)",
         "",
-        table(["server (1 core)", "requests/s", "p50 / p99 ms", "server CPU µs/request", "server CPU", "errors",
-               "vs braid"], prow),
+        table(
+            [
+                "server (1 core)",
+                "requests/s",
+                "p50 / p99 ms",
+                "server CPU µs/request",
+                "server CPU",
+                "errors",
+                "vs braid",
+            ],
+            prow,
+        ),
         "",
         f"braid / bare hypercorn-trio, non-streaming: {plain['braid'].rps / plain['bare hypercorn-trio'].rps:.2f}.",
     ]
@@ -527,26 +681,55 @@ def _section(
 
     why = ""
     if r_resp < TARGET_RATIO:
-        why = (f"braid {braid.rps:,.0f} req/s vs {per_response.rps:,.0f}; it spends {braid.cpu_us_per_request:,.0f} µs "
-               f"of CPU per request vs {per_response.cpu_us_per_request:,.0f}")
+        why = (
+            f"braid {braid.rps:,.0f} req/s vs {per_response.rps:,.0f}; it spends {braid.cpu_us_per_request:,.0f} µs "
+            f"of CPU per request vs {per_response.cpu_us_per_request:,.0f}"
+        )
         if prof is not None:
-            why += (f": {prof.sends_per_response:.0f} body sends per response (≈ {send_us:,.0f} µs each) and "
-                    f"≈ {own_us / TOKENS:,.0f} µs of its own work per event")
-    why_event = "" if r_event >= TARGET_RATIO else (
-        f"braid {braid.rps:,.0f} req/s vs {per_event.rps:,.0f} for the bare app sending each event on its own")
+            why += (
+                f": {prof.sends_per_response:.0f} body sends per response (≈ {send_us:,.0f} µs each) and "
+                f"≈ {own_us / TOKENS:,.0f} µs of its own work per event"
+            )
+    why_event = (
+        ""
+        if r_event >= TARGET_RATIO
+        else (f"braid {braid.rps:,.0f} req/s vs {per_event.rps:,.0f} for the bare app sending each event on its own")
+    )
     # The issue names one bare app; it has two honest readings, so both are reported: the same
     # send pattern as an event-by-event stream, and the stack's limit for these bytes.
     targets = (
-        Target("front-end ceiling: braid / bare hypercorn-trio (one send per event), streaming req/s",
-               round(r_event, 3), TARGET_RATIO, True, "", why_event),
-        Target("front-end ceiling: braid / bare hypercorn-trio (one send per response), streaming req/s",
-               round(r_resp, 3), TARGET_RATIO, True, "", why),
+        Target(
+            "front-end ceiling: braid / bare hypercorn-trio (one send per event), streaming req/s",
+            round(r_event, 3),
+            TARGET_RATIO,
+            True,
+            "",
+            why_event,
+        ),
+        Target(
+            "front-end ceiling: braid / bare hypercorn-trio (one send per response), streaming req/s",
+            round(r_resp, 3),
+            TARGET_RATIO,
+            True,
+            "",
+            why,
+        ),
     )
-    why_like = "" if r_like >= TARGET_RATIO else (
-        f"braid {braid.rps:,.0f} req/s vs {per_event_fast.rps:,.0f} for the bare app on the same fast send")
+    why_like = (
+        ""
+        if r_like >= TARGET_RATIO
+        else (f"braid {braid.rps:,.0f} req/s vs {per_event_fast.rps:,.0f} for the bare app on the same fast send")
+    )
     targets += (
-        Target("front-end ceiling, like for like: braid / bare hypercorn-trio + the same fast send (one send per "
-               "event), streaming req/s", round(r_like, 3), TARGET_RATIO, True, "", why_like),
+        Target(
+            "front-end ceiling, like for like: braid / bare hypercorn-trio + the same fast send (one send per "
+            "event), streaming req/s",
+            round(r_like, 3),
+            TARGET_RATIO,
+            True,
+            "",
+            why_like,
+        ),
     )
     headlines = (
         f"ceiling: braid {braid.rps:,.0f} req/s = {braid.rps * TOKENS:,.0f} events/s on 1 core; "
@@ -554,7 +737,9 @@ def _section(
         f"{r_like:.2f}x the bare app on the same fast send, {r_fast:.2f}x FastAPI+uvicorn; "
         f"fast send: {braid.rps / stock.rps:.2f}x braid's stock-send rate",
     )
-    return Section("Front-end ceiling (1 core, scripted engine, zero token delay)", "\n".join(md), headlines, targets, ())
+    return Section(
+        "Front-end ceiling (1 core, scripted engine, zero token delay)", "\n".join(md), headlines, targets, ()
+    )
 
 
 def _profile_md(prof: Profile) -> list[str]:
@@ -565,8 +750,11 @@ def _profile_md(prof: Profile) -> list[str]:
         "run with `bench.apps.braid_counting`, i.e. braid plus a counter on its ASGI sends). "
         "By phase (inclusive: the phase's frame is anywhere on the stack; indented rows are part of the row above):",
         "",
-        table(["phase", "% of samples"], [[label, f"{p:.1f}"] for label, p in prof.phases]
-              + [["trio's run loop itself (`unrolled_run` self time)", f"{prof.scheduler_self:.1f}"]]),
+        table(
+            ["phase", "% of samples"],
+            [[label, f"{p:.1f}"] for label, p in prof.phases]
+            + [["trio's run loop itself (`unrolled_run` self time)", f"{prof.scheduler_self:.1f}"]],
+        ),
         "",
         "Self time, by the component of the innermost frame (C code such as msgspec or a socket syscall "
         "counts for its Python caller; stdlib and generated code such as contextlib or attrs `__init__` "

@@ -65,8 +65,10 @@ def percentile(values: Sequence[float], q: float) -> float:
     """Inclusive percentile (q in 0..100) of a non-empty sample."""
     if len(values) == 1:
         return float(values[0])
-    return float(statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]) if 1 <= q <= 99 else (
-        float(min(values)) if q <= 0 else float(max(values))
+    return (
+        float(statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1])
+        if 1 <= q <= 99
+        else (float(min(values)) if q <= 0 else float(max(values)))
     )
 
 

@@ -63,8 +63,9 @@ def _spread(values: list[float]) -> str:
     return f"{med:.3g} ({min(values):.3g}–{max(values):.3g})"
 
 
-def _plots(med: dict[str, dict[int, dict[str, float]]], runs: dict[str, dict[int, list[dict[str, Any]]]],
-           offline_tps: float) -> tuple[Any, ...]:
+def _plots(
+    med: dict[str, dict[int, dict[str, float]]], runs: dict[str, dict[int, list[dict[str, Any]]]], offline_tps: float
+) -> tuple[Any, ...]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -72,16 +73,19 @@ def _plots(med: dict[str, dict[int, dict[str, float]]], runs: dict[str, dict[int
 
     PLOTS.mkdir(parents=True, exist_ok=True)
     out = []
-    for key, label, name in (("output_throughput", "output tokens/s", "serving_throughput.png"),
-                             ("p50_ttft_ms", "TTFT p50 (ms)", "serving_ttft.png")):
+    for key, label, name in (
+        ("output_throughput", "output tokens/s", "serving_throughput.png"),
+        ("p50_ttft_ms", "TTFT p50 (ms)", "serving_ttft.png"),
+    ):
         fig, ax = plt.subplots(figsize=(6, 4))
         for kind, style in (("braid", "o-"), ("vllm", "s--")):
             xs = list(CONCURRENCIES)
             ys = [med[kind][c][key] for c in xs]
             lo = [ys[i] - min(r[key] for r in runs[kind][c]) for i, c in enumerate(xs)]
             hi = [max(r[key] for r in runs[kind][c]) - ys[i] for i, c in enumerate(xs)]
-            ax.errorbar(xs, ys, yerr=[lo, hi], fmt=style, capsize=3,
-                        label="braid" if kind == "braid" else "vLLM server")
+            ax.errorbar(
+                xs, ys, yerr=[lo, hi], fmt=style, capsize=3, label="braid" if kind == "braid" else "vLLM server"
+            )
         if key == "output_throughput":
             ax.axhline(offline_tps, color="gray", linestyle=":", label="offline LLM.generate (all prompts)")
         ax.set_xscale("log")
@@ -106,8 +110,10 @@ def run(quick: bool) -> Section:
     from tools.servers import tiny_model_dir
 
     model_dir = tiny_model_dir()
-    runs: dict[str, dict[int, list[dict[str, Any]]]] = {"braid": {c: [] for c in CONCURRENCIES},
-                                                        "vllm": {c: [] for c in CONCURRENCIES}}
+    runs: dict[str, dict[int, list[dict[str, Any]]]] = {
+        "braid": {c: [] for c in CONCURRENCIES},
+        "vllm": {c: [] for c in CONCURRENCIES},
+    }
     offline: list[dict[str, Any]] = []
     with ExitStack() as stack:
         # the workers start (import vLLM) while the servers start
@@ -119,8 +125,16 @@ def run(quick: bool) -> Section:
         setup_s = time.monotonic() - started
 
         def argv(kind: str, c: int, n: int, tag: str) -> list[str]:
-            return bench_serve_argv(servers[kind].url, model_dir, concurrency=c, num_prompts=n, input_len=INPUT_LEN,
-                                    output_len=OUTPUT_LEN, seed=SEED, result_name=f"serving-{tag}.json")
+            return bench_serve_argv(
+                servers[kind].url,
+                model_dir,
+                concurrency=c,
+                num_prompts=n,
+                input_len=INPUT_LEN,
+                output_len=OUTPUT_LEN,
+                seed=SEED,
+                result_name=f"serving-{tag}.json",
+            )
 
         served_digest = bench_worker.call(op="samples", argv=argv("braid", 64, prompts[64], "x"))["digest"]
         for kind in ("braid", "vllm"):  # warm-up, not recorded
@@ -138,14 +152,22 @@ def run(quick: bool) -> Section:
                         raise RuntimeError(f"{kind} c={c}: {res['failed']} failed: {res['first_errors']}")
                     runs[kind][c].append(res)
             cpu0 = cpu_seconds(offline_worker.proc.pid)
-            offline.append(offline_worker.call(op="generate", serve_argv=argv("braid", 64, prompts[64], "x"),
-                                               max_tokens=OUTPUT_LEN, temperature=1.0))
+            offline.append(
+                offline_worker.call(
+                    op="generate",
+                    serve_argv=argv("braid", 64, prompts[64], "x"),
+                    max_tokens=OUTPUT_LEN,
+                    temperature=1.0,
+                )
+            )
             offline[-1]["cpu"] = cpu_seconds(offline_worker.proc.pid) - cpu0
     total_s = time.monotonic() - started
     load_after = os.getloadavg()
 
-    med = {kind: {c: {m: statistics.median(r[m] for r in runs[kind][c]) for m in METRICS.values()}
-                  for c in CONCURRENCIES} for kind in runs}
+    med = {
+        kind: {c: {m: statistics.median(r[m] for r in runs[kind][c]) for m in METRICS.values()} for c in CONCURRENCIES}
+        for kind in runs
+    }
     off_tps_all = [o["output_tokens"] / o["walls"][0] for o in offline]
     off_rps_all = [o["n"] / o["walls"][0] for o in offline]
     off_tps = statistics.median(off_tps_all)
@@ -154,31 +176,69 @@ def run(quick: bool) -> Section:
     rows = []
     for c in CONCURRENCIES:
         for kind, name in (("braid", "braid"), ("vllm", "vLLM server")):
-            rows.append([name, c, *[_spread([r[m] for r in runs[kind][c]]) for m in METRICS.values()],
-                         f"{med[kind][c]['output_throughput'] / off_tps:.2f}"])
-    rows.append(["offline LLM.generate", f"all {prompts[64]}", _spread(off_rps_all), _spread(off_tps_all),
-                 "–", "–", "–", "–", "1"])
+            rows.append(
+                [
+                    name,
+                    c,
+                    *[_spread([r[m] for r in runs[kind][c]]) for m in METRICS.values()],
+                    f"{med[kind][c]['output_throughput'] / off_tps:.2f}",
+                ]
+            )
+    rows.append(
+        [
+            "offline LLM.generate",
+            f"all {prompts[64]}",
+            _spread(off_rps_all),
+            _spread(off_tps_all),
+            "–",
+            "–",
+            "–",
+            "–",
+            "1",
+        ]
+    )
     ratio_rows = []
     for c in CONCURRENCIES:
         b, v = med["braid"][c], med["vllm"][c]
-        ratio_rows.append([c, f"{b['output_throughput'] / v['output_throughput']:.2f}",
-                           f"{b['p50_ttft_ms'] / v['p50_ttft_ms']:.2f}", f"{b['p99_ttft_ms'] / v['p99_ttft_ms']:.2f}",
-                           f"{b['p50_itl_ms'] / v['p50_itl_ms']:.2f}",
-                           f"{b['output_throughput'] / off_tps:.2f}", f"{v['output_throughput'] / off_tps:.2f}"])
+        ratio_rows.append(
+            [
+                c,
+                f"{b['output_throughput'] / v['output_throughput']:.2f}",
+                f"{b['p50_ttft_ms'] / v['p50_ttft_ms']:.2f}",
+                f"{b['p99_ttft_ms'] / v['p99_ttft_ms']:.2f}",
+                f"{b['p50_itl_ms'] / v['p50_itl_ms']:.2f}",
+                f"{b['output_throughput'] / off_tps:.2f}",
+                f"{v['output_throughput'] / off_tps:.2f}",
+            ]
+        )
 
     cpu_rows = []
     for c in CONCURRENCIES:
         for kind, name in (("braid", "braid"), ("vllm", "vLLM server")):
             per_req = [[x * 1000 / prompts[c] for x in r["cpu"]] for r in runs[kind][c]]
             wall = statistics.median(r["duration"] for r in runs[kind][c])
-            cpu_rows.append([name, c, *[f"{statistics.median(v[i] for v in per_req):.1f}" for i in range(3)],
-                             f"{statistics.median(sum(r['cpu']) / r['wall_s'] for r in runs[kind][c]):.2f}",
-                             f"{wall:.1f}"])
+            cpu_rows.append(
+                [
+                    name,
+                    c,
+                    *[f"{statistics.median(v[i] for v in per_req):.1f}" for i in range(3)],
+                    f"{statistics.median(sum(r['cpu']) / r['wall_s'] for r in runs[kind][c]):.2f}",
+                    f"{wall:.1f}",
+                ]
+            )
 
     off_cpu = statistics.median(o["cpu"] * 1000 / o["n"] for o in offline)
-    cpu_rows.append(["offline LLM.generate", f"all {prompts[64]}", "–", "–", f"{off_cpu:.1f} (one process)",
-                     f"{statistics.median(o['cpu'] / o['walls'][0] for o in offline):.2f}",
-                     f"{statistics.median(o['walls'][0] for o in offline):.1f}"])
+    cpu_rows.append(
+        [
+            "offline LLM.generate",
+            f"all {prompts[64]}",
+            "–",
+            "–",
+            f"{off_cpu:.1f} (one process)",
+            f"{statistics.median(o['cpu'] / o['walls'][0] for o in offline):.2f}",
+            f"{statistics.median(o['walls'][0] for o in offline):.1f}",
+        ]
+    )
 
     b64, v64, b1, v1 = med["braid"][64], med["vllm"][64], med["braid"][1], med["vllm"][1]
     r_off = b64["output_throughput"] / off_tps
@@ -187,24 +247,47 @@ def run(quick: bool) -> Section:
     r_tp1 = b1["output_throughput"] / v1["output_throughput"]
     r_ttft1 = b1["p50_ttft_ms"] / v1["p50_ttft_ms"]
     targets = (
-        Target("served (braid) / offline output tok/s at concurrency 64", r_off, 0.70, True,
-               why_missed=f"braid served {b64['output_throughput']:.0f} tok/s vs {off_tps:.0f} offline; "
-                          f"vLLM's server reached {v64['output_throughput'] / off_tps:.2f} of offline on the same machine"),
-        Target("braid / vLLM-server output tok/s at concurrency 64", r_tp, 1.3, True,
-               why_missed=f"braid {b64['output_throughput']:.0f} vs vLLM {v64['output_throughput']:.0f} tok/s "
-                          f"(median of {rounds} rounds; ITL p50 {b64['p50_itl_ms']:.1f} vs {v64['p50_itl_ms']:.1f} ms)"),
-        Target("braid / vLLM-server TTFT p50 at concurrency 64", r_ttft, 0.7, False,
-               why_missed=f"TTFT p50 braid {b64['p50_ttft_ms']:.0f} ms vs vLLM {v64['p50_ttft_ms']:.0f} ms"),
-        Target(f"braid / vLLM-server output tok/s at concurrency 1 (no worse, {C1_TOLERANCE:.0%} tolerance)",
-               r_tp1, 1 - C1_TOLERANCE, True,
-               why_missed=f"braid {b1['output_throughput']:.1f} vs vLLM {v1['output_throughput']:.1f} tok/s; "
-                          f"round-to-round spread braid {_spread([r['output_throughput'] for r in runs['braid'][1]])}, "
-                          f"vLLM {_spread([r['output_throughput'] for r in runs['vllm'][1]])}"),
-        Target(f"braid / vLLM-server TTFT p50 at concurrency 1 (no worse, {C1_TOLERANCE:.0%} tolerance)",
-               r_ttft1, 1 + C1_TOLERANCE, False,
-               why_missed=f"TTFT p50 braid {b1['p50_ttft_ms']:.1f} ms vs vLLM {v1['p50_ttft_ms']:.1f} ms; "
-                          f"spread braid {_spread([r['p50_ttft_ms'] for r in runs['braid'][1]])}, "
-                          f"vLLM {_spread([r['p50_ttft_ms'] for r in runs['vllm'][1]])}"),
+        Target(
+            "served (braid) / offline output tok/s at concurrency 64",
+            r_off,
+            0.70,
+            True,
+            why_missed=f"braid served {b64['output_throughput']:.0f} tok/s vs {off_tps:.0f} offline; "
+            f"vLLM's server reached {v64['output_throughput'] / off_tps:.2f} of offline on the same machine",
+        ),
+        Target(
+            "braid / vLLM-server output tok/s at concurrency 64",
+            r_tp,
+            1.3,
+            True,
+            why_missed=f"braid {b64['output_throughput']:.0f} vs vLLM {v64['output_throughput']:.0f} tok/s "
+            f"(median of {rounds} rounds; ITL p50 {b64['p50_itl_ms']:.1f} vs {v64['p50_itl_ms']:.1f} ms)",
+        ),
+        Target(
+            "braid / vLLM-server TTFT p50 at concurrency 64",
+            r_ttft,
+            0.7,
+            False,
+            why_missed=f"TTFT p50 braid {b64['p50_ttft_ms']:.0f} ms vs vLLM {v64['p50_ttft_ms']:.0f} ms",
+        ),
+        Target(
+            f"braid / vLLM-server output tok/s at concurrency 1 (no worse, {C1_TOLERANCE:.0%} tolerance)",
+            r_tp1,
+            1 - C1_TOLERANCE,
+            True,
+            why_missed=f"braid {b1['output_throughput']:.1f} vs vLLM {v1['output_throughput']:.1f} tok/s; "
+            f"round-to-round spread braid {_spread([r['output_throughput'] for r in runs['braid'][1]])}, "
+            f"vLLM {_spread([r['output_throughput'] for r in runs['vllm'][1]])}",
+        ),
+        Target(
+            f"braid / vLLM-server TTFT p50 at concurrency 1 (no worse, {C1_TOLERANCE:.0%} tolerance)",
+            r_ttft1,
+            1 + C1_TOLERANCE,
+            False,
+            why_missed=f"TTFT p50 braid {b1['p50_ttft_ms']:.1f} ms vs vLLM {v1['p50_ttft_ms']:.1f} ms; "
+            f"spread braid {_spread([r['p50_ttft_ms'] for r in runs['braid'][1]])}, "
+            f"vLLM {_spread([r['p50_ttft_ms'] for r in runs['vllm'][1]])}",
+        ),
     )
     plots = _plots(med, runs, off_tps)
 
@@ -225,8 +308,18 @@ def run(quick: bool) -> Section:
         "",
         "Ratios of the medians (braid / vLLM server; served / offline):",
         "",
-        table(["concurrency", "out tok/s braid/vLLM", "TTFT p50 braid/vLLM", "TTFT p99 braid/vLLM",
-               "ITL p50 braid/vLLM", "braid/offline", "vLLM/offline"], ratio_rows),
+        table(
+            [
+                "concurrency",
+                "out tok/s braid/vLLM",
+                "TTFT p50 braid/vLLM",
+                "TTFT p99 braid/vLLM",
+                "ITL p50 braid/vLLM",
+                "braid/offline",
+                "vLLM/offline",
+            ],
+            ratio_rows,
+        ),
         "",
         "CPU time per request (ms; median over rounds) of the three processes of a served run, read from "
         "/proc/PID/stat around each run: the load generator (`vllm bench serve`, which shares the 2 cores), the "
@@ -238,7 +331,7 @@ def run(quick: bool) -> Section:
         "",
         f"Offline prompts are the ones `vllm bench serve` sent at concurrency 64: same seed, rebuilt with vLLM's "
         f"`get_samples`; prompt digests {'match' if same_prompts else '**differ**'} ({served_digest}).",
-        f"Concurrency 1 targets use a {C1_TOLERANCE:.0%} tolerance (\"no worse\" = within 5%); compare it with the "
+        f'Concurrency 1 targets use a {C1_TOLERANCE:.0%} tolerance ("no worse" = within 5%); compare it with the '
         f"round-to-round spread above.",
         f"Machine: 2 cores shared with another engineer's runs; load average {load_before[0]:.1f} at start, "
         f"{load_after[0]:.1f} at end. Setup (server starts, worker imports) {setup_s:.0f} s; section {total_s:.0f} s.",

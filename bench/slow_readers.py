@@ -89,7 +89,8 @@ def _open(port: int, body: bytes) -> Reader:
     s.connect(("127.0.0.1", port))
     s.sendall(
         b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
     )
     return Reader(s)
 
@@ -155,11 +156,24 @@ def run(quick: bool) -> Section:
     stall = 12.0 if quick else 30.0  # quick mode's window is shorter than the default 30 s
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    argv = ["braid", "serve", "--engine", "scripted", "--token-delay", str(TOKEN_DELAY), "--port", str(port),
-            "--stall-timeout", str(stall)]
+    argv = [
+        "braid",
+        "serve",
+        "--engine",
+        "scripted",
+        "--token-delay",
+        str(TOKEN_DELAY),
+        "--port",
+        str(port),
+        "--stall-timeout",
+        str(stall),
+    ]
     with server("braid-slow-readers", argv, port, cpu=SERVER_CPU) as proc:
-        warm = httpx.post(base + "/v1/completions", json={"prompt": "x", "max_tokens": 8, "stream": True,
-                                                          "ignore_eos": True}, timeout=10)
+        warm = httpx.post(
+            base + "/v1/completions",
+            json={"prompt": "x", "max_tokens": 8, "stream": True, "ignore_eos": True},
+            timeout=10,
+        )
         warm.raise_for_status()
         tokens = [e for e in warm.content.split(b"\n\n") if e and e != b"data: [DONE]"]
         event_bytes = sum(len(e) + 2 for e in tokens) / len(tokens)
@@ -183,10 +197,16 @@ def run(quick: bool) -> Section:
                 r.read_once(CHUNK)
             m = poller.latest
             now = time.monotonic() - start
-            samples.append(Sample(now, rss_bytes(proc.pid), m.get("braid_engine_requests_in_flight", 0.0),
-                                  sum(r.received for r in readers),
-                                  sum(1 for r in readers if r.status.startswith(b"HTTP/1.1 200")),
-                                  m.get("braid_engine_aborts_total", 0.0)))
+            samples.append(
+                Sample(
+                    now,
+                    rss_bytes(proc.pid),
+                    m.get("braid_engine_requests_in_flight", 0.0),
+                    sum(r.received for r in readers),
+                    sum(1 for r in readers if r.status.startswith(b"HTTP/1.1 200")),
+                    m.get("braid_engine_aborts_total", 0.0),
+                )
+            )
             if now >= duration:
                 break
             # one read per client per round, rounds at least 1 s apart
@@ -207,8 +227,22 @@ def run(quick: bool) -> Section:
         rss_end = rss_bytes(proc.pid)
         for r in [*readers, control]:
             r.sock.close()
-    return _section(quick, duration, stall, max_tokens, event_bytes, rss_idle, rss_end, samples, readers, connected, during,
-                    per_client, reads, m_end)
+    return _section(
+        quick,
+        duration,
+        stall,
+        max_tokens,
+        event_bytes,
+        rss_idle,
+        rss_end,
+        samples,
+        readers,
+        connected,
+        during,
+        per_client,
+        reads,
+        m_end,
+    )
 
 
 def _plot(samples: list[Sample], rss_idle: int, stall: float) -> None:
@@ -270,9 +304,19 @@ def _section(
     aborts = m_end.get("braid_engine_aborts_total", 0.0)
     step = 1 if quick else 5
     # the first few rounds always, then every ``step``-th sample and the last one
-    rows = [[f"{s.t:.1f}", f"{s.rss / MiB:.1f}", f"{(s.rss - first.rss) / MiB:+.2f}", s.open_streams,
-             f"{s.in_flight:.0f}", f"{s.aborts:.0f}", f"{s.received / CLIENTS / 1024:.0f}"]
-            for i, s in enumerate(samples) if i < 3 or i % step == 0 or i == len(samples) - 1]
+    rows = [
+        [
+            f"{s.t:.1f}",
+            f"{s.rss / MiB:.1f}",
+            f"{(s.rss - first.rss) / MiB:+.2f}",
+            s.open_streams,
+            f"{s.in_flight:.0f}",
+            f"{s.aborts:.0f}",
+            f"{s.received / CLIENTS / 1024:.0f}",
+        ]
+        for i, s in enumerate(samples)
+        if i < 3 or i % step == 0 or i == len(samples) - 1
+    ]
     mean_kib = sum(per_client) / len(per_client) / 1024
     stream_kib = max_tokens * event_bytes / 1024
     md = [
@@ -281,31 +325,63 @@ def _section(
         f"`SO_RCVBUF` = {RCVBUF} B (set before connect) and reads {CHUNK} B once a second, while braid "
         f"could send ~{1 / TOKEN_DELAY * event_bytes / 1024:.0f} KiB/s per stream ({event_bytes:.0f} B per event). One more *control* client reads nothing. "
         f"RSS is VmRSS of the server process after each round of reads, for {duration} s"
-        + (f" (quick mode: the stall timeout is lowered to {stall:g} s so that the window exceeds it)." if quick else "."),
+        + (
+            f" (quick mode: the stall timeout is lowered to {stall:g} s so that the window exceeds it)."
+            if quick
+            else "."
+        ),
         "",
-        table(["", "value"], [
-            ["streams open (200 received)", f"{connected} / {CLIENTS}, all from t = {first.t:.1f} s"
-             if opened else f"{connected} / {CLIENTS} (never all at once: growth is from t = 0)"],
-            ["RSS idle (before the clients)", f"{rss_idle / MiB:.1f} MiB"],
-            [f"RSS at the first sample with all streams open (t = {first.t:.1f} s)", f"{first.rss / MiB:.1f} MiB"],
-            ["RSS at the last sample", f"{last.rss / MiB:.1f} MiB"],
-            ["growth, first → last sample", f"{growth / MiB:+.2f} MiB ({growth / CLIENTS / 1024:+.1f} KiB per client)"],
-            [f"growth over the last third, t = {late.t:.0f} s → {last.t:.0f} s", f"{(last.rss - late.rss) / MiB:+.2f} MiB"],
-            ["peak RSS during the window", f"{peak / MiB:.1f} MiB"],
-            ["RSS after the drain", f"{rss_end / MiB:.1f} MiB"],
-            ["streams that ended during the window (done / error / closed)",
-             f"{during['done']} / {during['error']} / {during['closed']}"],
-            ["received per slow reader in the window (mean)", f"{mean_kib:.0f} KiB in {sum(reads) / len(reads):.0f} rounds"],
-            ["streams completed (`[DONE]`, no error) after the drain", f"{completed} / {CLIENTS}"],
-            ["streams cut (error event or closed early)", f"{cut}"],
-            ["streams not finished by the drain deadline", f"{unfinished}"],
-            ["braid_engine_aborts at the end (the control client is expected to count 1)", f"{aborts:.0f}"],
-        ]),
+        table(
+            ["", "value"],
+            [
+                [
+                    "streams open (200 received)",
+                    f"{connected} / {CLIENTS}, all from t = {first.t:.1f} s"
+                    if opened
+                    else f"{connected} / {CLIENTS} (never all at once: growth is from t = 0)",
+                ],
+                ["RSS idle (before the clients)", f"{rss_idle / MiB:.1f} MiB"],
+                [f"RSS at the first sample with all streams open (t = {first.t:.1f} s)", f"{first.rss / MiB:.1f} MiB"],
+                ["RSS at the last sample", f"{last.rss / MiB:.1f} MiB"],
+                [
+                    "growth, first → last sample",
+                    f"{growth / MiB:+.2f} MiB ({growth / CLIENTS / 1024:+.1f} KiB per client)",
+                ],
+                [
+                    f"growth over the last third, t = {late.t:.0f} s → {last.t:.0f} s",
+                    f"{(last.rss - late.rss) / MiB:+.2f} MiB",
+                ],
+                ["peak RSS during the window", f"{peak / MiB:.1f} MiB"],
+                ["RSS after the drain", f"{rss_end / MiB:.1f} MiB"],
+                [
+                    "streams that ended during the window (done / error / closed)",
+                    f"{during['done']} / {during['error']} / {during['closed']}",
+                ],
+                [
+                    "received per slow reader in the window (mean)",
+                    f"{mean_kib:.0f} KiB in {sum(reads) / len(reads):.0f} rounds",
+                ],
+                ["streams completed (`[DONE]`, no error) after the drain", f"{completed} / {CLIENTS}"],
+                ["streams cut (error event or closed early)", f"{cut}"],
+                ["streams not finished by the drain deadline", f"{unfinished}"],
+                ["braid_engine_aborts at the end (the control client is expected to count 1)", f"{aborts:.0f}"],
+            ],
+        ),
         "",
         f"Samples (every {step} s; all of them in `{PLOT.relative_to(PLOT.parents[2])}`):",
         "",
-        table(["t (s)", "RSS (MiB)", "Δ vs first (MiB)", "streams open", "engine requests in flight",
-               "engine aborts", "KiB received per reader"], rows),
+        table(
+            [
+                "t (s)",
+                "RSS (MiB)",
+                "Δ vs first (MiB)",
+                "streams open",
+                "engine requests in flight",
+                "engine aborts",
+                "KiB received per reader",
+            ],
+            rows,
+        ),
         "",
         "Notes: RSS does not count the kernel's socket buffers (each reader's 8 KiB receive buffer and braid's "
         "send buffer hold part of every stream outside the process). braid's own backlog per stream is bounded: "

@@ -70,8 +70,9 @@ def main() -> None:
             servers.append((spec, srv, engine_core_pid(srv)))
 
         def argv(srv: Any, c: int, n: int) -> list[str]:
-            return bench_serve_argv(srv.url, model_dir, concurrency=c, num_prompts=n, input_len=INPUT_LEN,
-                                    output_len=OUTPUT_LEN, seed=SEED)
+            return bench_serve_argv(
+                srv.url, model_dir, concurrency=c, num_prompts=n, input_len=INPUT_LEN, output_len=OUTPUT_LEN, seed=SEED
+            )
 
         for _, srv, _ in servers:
             bench.call(op="serve", argv=argv(srv, 16, 32))  # warm-up
@@ -82,9 +83,24 @@ def main() -> None:
                 if args.pyspy and spec == servers[0][0] and r == args.rounds - 1:
                     py_spy = shutil.which("py-spy", path=str(Path(sys.executable).parent))
                     assert py_spy, "pip install py-spy"
-                    spy = subprocess.Popen([py_spy, "record", "--pid", str(srv.pid), "--rate", "200", "--format",
-                                            "raw", "--threads", "--nonblocking", "-o", args.pyspy],
-                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    spy = subprocess.Popen(
+                        [
+                            py_spy,
+                            "record",
+                            "--pid",
+                            str(srv.pid),
+                            "--rate",
+                            "200",
+                            "--format",
+                            "raw",
+                            "--threads",
+                            "--nonblocking",
+                            "-o",
+                            args.pyspy,
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
                 cpu0 = cpu_seconds(srv.pid), cpu_seconds(core)
                 res = bench.call(op="serve", argv=argv(srv, args.concurrency, args.prompts))
                 fe, ec = cpu_seconds(srv.pid) - cpu0[0], cpu_seconds(core) - cpu0[1]
@@ -94,13 +110,18 @@ def main() -> None:
                 n = max(res["completed"], 1)
                 row = (res["output_throughput"], res["p50_ttft_ms"], 1e3 * fe / n, 1e3 * ec / n)
                 results[spec].append(row)
-                print(f"round {r} {spec}: {row[0]:.0f} out tok/s, TTFT p50 {row[1]:.1f} ms, front end {row[2]:.2f} ms "
-                      f"CPU/req, engine core {row[3]:.2f} ms CPU/req, failed {res['failed']}", flush=True)
+                print(
+                    f"round {r} {spec}: {row[0]:.0f} out tok/s, TTFT p50 {row[1]:.1f} ms, front end {row[2]:.2f} ms "
+                    f"CPU/req, engine core {row[3]:.2f} ms CPU/req, failed {res['failed']}",
+                    flush=True,
+                )
         print(f"medians over {args.rounds} rounds, c={args.concurrency}, {args.prompts} prompts:")
         for spec, rows in results.items():
             med = [statistics.median(col) for col in zip(*rows, strict=True)]
-            print(f"  {spec:40s} {med[0]:7.0f} out tok/s  TTFT p50 {med[1]:7.1f} ms  front end {med[2]:6.2f} ms/req  "
-                  f"engine core {med[3]:6.2f} ms/req")
+            print(
+                f"  {spec:40s} {med[0]:7.0f} out tok/s  TTFT p50 {med[1]:7.1f} ms  front end {med[2]:6.2f} ms/req  "
+                f"engine core {med[3]:6.2f} ms/req"
+            )
 
 
 if __name__ == "__main__":

@@ -39,8 +39,28 @@ from bench.vllm_tools import random_token_prompts, start_pair
 BATCH = 1024
 PROMPT_CHARS = 600
 STREAM_EVENTS_BEFORE = 40
-WORDS = ("the", "model", "token", "stream", "batch", "server", "def", "return", "import", "class", "value",
-         "naïve", "café", "東京", "x1", "(y)", "{z}", "0x2f", "self.", "élan")
+WORDS = (
+    "the",
+    "model",
+    "token",
+    "stream",
+    "batch",
+    "server",
+    "def",
+    "return",
+    "import",
+    "class",
+    "value",
+    "naïve",
+    "café",
+    "東京",
+    "x1",
+    "(y)",
+    "{z}",
+    "0x2f",
+    "self.",
+    "élan",
+)
 
 
 def batch_prompts(seed: int) -> list[str]:
@@ -71,11 +91,21 @@ class Stream(threading.Thread):
 
     def run(self) -> None:
         try:
-            body = json.dumps({"model": self.server.model, "prompt": "def main():\n", "max_tokens": 900,
-                               "ignore_eos": True, "temperature": 0, "stream": True}).encode()
+            body = json.dumps(
+                {
+                    "model": self.server.model,
+                    "prompt": "def main():\n",
+                    "max_tokens": 900,
+                    "ignore_eos": True,
+                    "temperature": 0,
+                    "stream": True,
+                }
+            ).encode()
             host, port = self.server.url.removeprefix("http://").split(":")
-            head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-                    f"Content-Length: {len(body)}\r\n\r\n").encode()
+            head = (
+                f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            ).encode()
             with socket.create_connection((host, int(port))) as sock:
                 sock.sendall(head + body)
                 sock.settimeout(30)
@@ -143,7 +173,7 @@ def run(quick: bool) -> Section:
                 trial(s, _prompts(kind, 999), client, expect)  # warm-up, not recorded
             for i in range(trials):
                 prompts = _prompts(kind, 2000 + i)
-                for name in (("braid", "vllm") if i % 2 == 0 else ("vllm", "braid")):
+                for name in ("braid", "vllm") if i % 2 == 0 else ("vllm", "braid"):
                     results.setdefault((kind, name), []).append(trial(servers[name], prompts, client, expect))
     load = os.getloadavg()[0]
     rows = []
@@ -151,8 +181,17 @@ def run(quick: bool) -> Section:
         for name, label in (("braid", "braid"), ("vllm", "vLLM server")):
             rs = results[(kind, name)]
             med = {k: statistics.median(r[k] for r in rs) for k in ("gap_ms", "baseline_ms", "batch_ms")}
-            rows.append([kind, label, len(rs), f"{med['baseline_ms']:.0f}", f"{med['gap_ms']:.0f}",
-                         f"{max(r['gap_ms'] for r in rs):.0f}", f"{med['batch_ms']:.0f}"])
+            rows.append(
+                [
+                    kind,
+                    label,
+                    len(rs),
+                    f"{med['baseline_ms']:.0f}",
+                    f"{med['gap_ms']:.0f}",
+                    f"{max(r['gap_ms'] for r in rs):.0f}",
+                    f"{med['batch_ms']:.0f}",
+                ]
+            )
 
     def gap(kind: str, name: str) -> float:
         return statistics.median(r["gap_ms"] for r in results[(kind, name)])
@@ -165,14 +204,26 @@ def run(quick: bool) -> Section:
         "prefill of the batch slows the stream for both servers alike. Longest gap between the stream's `recv`s, "
         f"ms, medians over {trials} trials per server (alternating):",
         "",
-        table(["batch", "server", "trials", "longest gap, second before (baseline)", "longest gap while the batch is open",
-               "worst trial", "batch response (ms)"], rows),
+        table(
+            [
+                "batch",
+                "server",
+                "trials",
+                "longest gap, second before (baseline)",
+                "longest gap while the batch is open",
+                "worst trial",
+                "batch response (ms)",
+            ],
+            rows,
+        ),
         "",
         f"Load average {load:.1f} at the end; section {time.monotonic() - started:.0f} s.",
     ]
-    headlines = (f"stall (a stream's longest gap while a {BATCH}-prompt batch arrives): refused text batch braid "
-                 f"{gap('refused', 'braid'):.0f} ms vs vLLM server {gap('refused', 'vllm'):.0f} ms; accepted "
-                 f"token batch braid {gap('accepted', 'braid'):.0f} ms vs {gap('accepted', 'vllm'):.0f} ms",)
+    headlines = (
+        f"stall (a stream's longest gap while a {BATCH}-prompt batch arrives): refused text batch braid "
+        f"{gap('refused', 'braid'):.0f} ms vs vLLM server {gap('refused', 'vllm'):.0f} ms; accepted "
+        f"token batch braid {gap('accepted', 'braid'):.0f} ms vs {gap('accepted', 'vllm'):.0f} ms",
+    )
     return Section("Front-end stall while a large batch arrives", "\n".join(md), headlines, (), ())
 
 

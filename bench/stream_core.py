@@ -28,11 +28,21 @@ def core(prompts: int = 64, tokens: int = 256) -> float:
     engine = ScriptedEngine()
     listed = ",".join(['"p"'] * prompts)
     body = f'{{"prompt": [{listed}], "max_tokens": {tokens}, "stream": true}}'.encode()
-    plan = make_plan(parse_request(body, Limits(vocab_size=259)), engine.info, engine.tokenizer, request_id="cmpl-b", created=0)
+    plan = make_plan(
+        parse_request(body, Limits(vocab_size=259)), engine.info, engine.tokenizer, request_id="cmpl-b", created=0
+    )
     merger = StreamMerger(plan, engine.tokenizer)
     ids = plan.items[0].request.prompt_token_ids
     arrivals = [
-        [(p, EngineOutput(ids, (ChoiceDelta(0, "x", (100,), None, "length" if t == tokens - 1 else None),), t == tokens - 1)) for p in range(prompts)]
+        [
+            (
+                p,
+                EngineOutput(
+                    ids, (ChoiceDelta(0, "x", (100,), None, "length" if t == tokens - 1 else None),), t == tokens - 1
+                ),
+            )
+            for p in range(prompts)
+        ]
         for t in range(tokens)
     ]
     start = time.perf_counter()
@@ -63,7 +73,9 @@ async def http(prompts: int, tokens: int) -> None:
                     events += raw.count(b"\n\ndata: ") + 0
             took = time.perf_counter() - start
         n = prompts * tokens
-        print(f"http   {prompts:4d} prompts x {tokens:4d} tokens: {n / took:9.0f} events/s  ({took * 1000:.0f} ms, {reads} client reads)")
+        print(
+            f"http   {prompts:4d} prompts x {tokens:4d} tokens: {n / took:9.0f} events/s  ({took * 1000:.0f} ms, {reads} client reads)"
+        )
         shutdown.set()
 
 

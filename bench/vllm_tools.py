@@ -60,8 +60,9 @@ def random_token_prompts(n: int, length: int, vocab: int, seed: int, low: int = 
 
 
 @contextlib.contextmanager
-def start_pair(tag: str, *, braid_extra: Sequence[str] = (), vllm_extra: Sequence[str] = (),
-               env: dict[str, str] | None = None) -> Iterator[tuple[Any, Any]]:
+def start_pair(
+    tag: str, *, braid_extra: Sequence[str] = (), vllm_extra: Sequence[str] = (), env: dict[str, str] | None = None
+) -> Iterator[tuple[Any, Any]]:
     """braid and vLLM's server on the tiny model, started concurrently; both stopped on exit.
 
     ``env`` is added to this process's environment while the servers start (tools.servers passes
@@ -150,7 +151,11 @@ class Worker:
         full_env = {**os.environ, **cpu_env(), **(env or {}), "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench.vllm_tools", "worker", kind],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log_file, cwd=ROOT, env=full_env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log_file,
+            cwd=ROOT,
+            env=full_env,
         )
 
     def call(self, **command: Any) -> dict[str, Any]:
@@ -184,18 +189,53 @@ class Worker:
         self.close()
 
 
-def bench_serve_argv(base_url: str, model_dir: Path, *, concurrency: int, num_prompts: int, input_len: int,
-                     output_len: int, seed: int, result_name: str | None = None) -> list[str]:
+def bench_serve_argv(
+    base_url: str,
+    model_dir: Path,
+    *,
+    concurrency: int,
+    num_prompts: int,
+    input_len: int,
+    output_len: int,
+    seed: int,
+    result_name: str | None = None,
+) -> list[str]:
     """The ``vllm bench serve`` flags of the serving section (one run)."""
     from tools.servers import SERVED_NAME
 
     argv = [
-        "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
-        "--model", SERVED_NAME, "--tokenizer", str(model_dir),
-        "--dataset-name", "random", "--random-input-len", str(input_len), "--random-output-len", str(output_len),
-        "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency), "--request-rate", "inf",
-        "--ignore-eos", "--temperature", "1.0", "--seed", str(seed),
-        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99", "--disable-tqdm",
+        "--backend",
+        "openai",
+        "--base-url",
+        base_url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        SERVED_NAME,
+        "--tokenizer",
+        str(model_dir),
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(input_len),
+        "--random-output-len",
+        str(output_len),
+        "--num-prompts",
+        str(num_prompts),
+        "--max-concurrency",
+        str(concurrency),
+        "--request-rate",
+        "inf",
+        "--ignore-eos",
+        "--temperature",
+        "1.0",
+        "--seed",
+        str(seed),
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,99",
+        "--disable-tqdm",
     ]
     if result_name:
         argv += ["--save-result", "--result-dir", str(WORK / "results"), "--result-filename", result_name]
@@ -246,7 +286,9 @@ def _samples(argv: Sequence[str]) -> list[str]:
     args = _bench_parser().parse_args(list(argv))
     random.seed(args.seed)
     np.random.seed(args.seed)
-    tokenizer = get_tokenizer(args.tokenizer, tokenizer_mode=args.tokenizer_mode, trust_remote_code=args.trust_remote_code)
+    tokenizer = get_tokenizer(
+        args.tokenizer, tokenizer_mode=args.tokenizer_mode, trust_remote_code=args.trust_remote_code
+    )
     return [s.prompt for s in get_samples(args, tokenizer)]
 
 
@@ -302,8 +344,13 @@ def _offline_worker() -> Any:
             walls.append(time.perf_counter() - start)
             out_tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
         digest = prompts_digest(prompts if "serve_argv" in cmd else cmd["prompt_token_ids"])
-        return {"walls": walls, "output_tokens": out_tokens, "n": len(prompts), "digest": digest,
-                "prompt_tokens": sum(len(o.prompt_token_ids or ()) for o in outs)}
+        return {
+            "walls": walls,
+            "output_tokens": out_tokens,
+            "n": len(prompts),
+            "digest": digest,
+            "prompt_tokens": sum(len(o.prompt_token_ids or ()) for o in outs),
+        }
 
     return handle
 

@@ -135,7 +135,8 @@ def _failures(trace: Trace) -> list[Record]:
     or an engine that reports a failure only when it is read)."""
     reported = {r["prompt"] for r in _records(trace, "engine_failure")}
     out = [
-        r for r in trace["records"]
+        r
+        for r in trace["records"]
         if (r["kind"] == "engine_failure" and r["error"] in ERROR_STATUS)
         or (r["kind"] == "engine_close" and r["error"] in ERROR_STATUS and r["prompt"] not in reported)
     ]
@@ -173,8 +174,14 @@ def expected_chunks(trace: Trace) -> dict[int, list[dict[str, Any]]]:
                 shown_text = req["prompts"][p] + shown_text
                 shown_tok += ptoks[p]
             out[j].append(
-                {"text": shown_text, "finish_reason": finish, "lp_tokens": shown_tok,
-                 "completion_tokens": counted[j], "seq": r["seq"], "prompt": p}
+                {
+                    "text": shown_text,
+                    "finish_reason": finish,
+                    "lp_tokens": shown_tok,
+                    "completion_tokens": counted[j],
+                    "seq": r["seq"],
+                    "prompt": p,
+                }
             )
     return out
 
@@ -263,8 +270,11 @@ def choice_index(trace: Trace) -> Iterable[str]:
                 yield f"JSON choices have indices {idx}, expected 0..{total - 1}"
 
 
-@invariant(3, "Each choice's chunks are its engine deltas in engine order (so its text is their "
-              "concatenation, after the echoed prompt), each emitted no earlier than its delta.")
+@invariant(
+    3,
+    "Each choice's chunks are its engine deltas in engine order (so its text is their "
+    "concatenation, after the echoed prompt), each emitted no earlier than its delta.",
+)
 def choice_sequence(trace: Trace) -> Iterable[str]:
     want = expected_chunks(trace)
     for j, got in _choice_chunks(trace).items():
@@ -280,8 +290,11 @@ def choice_sequence(trace: Trace) -> Iterable[str]:
                 break
 
 
-@invariant(4, "Exactly one non-null finish_reason per finished choice, on its last chunk, equal to "
-              "the engine's; on a normal end without error every choice has finished.")
+@invariant(
+    4,
+    "Exactly one non-null finish_reason per finished choice, on its last chunk, equal to "
+    "the engine's; on a normal end without error every choice has finished.",
+)
 def one_finish_reason(trace: Trace) -> Iterable[str]:
     want = expected_chunks(trace)
     chunks = _choice_chunks(trace)
@@ -303,8 +316,11 @@ def one_finish_reason(trace: Trace) -> Iterable[str]:
                 yield f"the stream ended normally but choice {j} never got a finish_reason"
 
 
-@invariant(5, "At most one usage chunk; only with include_usage; only after every choice finished and "
-              "right before [DONE]; never after an error.")
+@invariant(
+    5,
+    "At most one usage chunk; only with include_usage; only after every choice finished and "
+    "right before [DONE]; never after an error.",
+)
 def usage_placement(trace: Trace) -> Iterable[str]:
     req = trace["request"]
     evs = _events(trace)
@@ -314,22 +330,35 @@ def usage_placement(trace: Trace) -> Iterable[str]:
     if usage and not req["include_usage"]:
         yield "a usage chunk without stream_options.include_usage"
     for i in usage:
-        finished = {c.get("index") for _, ev in evs[:i] if ev["type"] == "chunk" for c in ev["data"]["choices"]
-                    if c.get("finish_reason") is not None}
+        finished = {
+            c.get("index")
+            for _, ev in evs[:i]
+            if ev["type"] == "chunk"
+            for c in ev["data"]["choices"]
+            if c.get("finish_reason") is not None
+        }
         if len(finished) < _num_choices(trace):
             yield f"usage chunk written when {len(finished)} of {_num_choices(trace)} choices had finished"
         if any(ev["type"] == "error" for _, ev in evs[:i]):
             yield "usage chunk after an error event"
         if i + 1 >= len(evs) or evs[i + 1][1]["type"] != "done":
             yield "usage chunk not immediately followed by [DONE]"
-    if (req["stream"] and req["include_usage"] and _normal_end(trace) and not usage
-            and not any(ev["type"] == "error" for _, ev in evs)):
+    if (
+        req["stream"]
+        and req["include_usage"]
+        and _normal_end(trace)
+        and not usage
+        and not any(ev["type"] == "error" for _, ev in evs)
+    ):
         yield "include_usage stream ended normally without a usage chunk"
 
 
-@invariant(6, "Usage totals equal the model's sums: prompt tokens once per prompt, completion tokens "
-              "as the engine counted them, total = prompt + completion; continuous usage per chunk "
-              "is the chunk's prompt and the choice's tokens so far.")
+@invariant(
+    6,
+    "Usage totals equal the model's sums: prompt tokens once per prompt, completion tokens "
+    "as the engine counted them, total = prompt + completion; continuous usage per chunk "
+    "is the chunk's prompt and the choice's tokens so far.",
+)
 def usage_totals(trace: Trace) -> Iterable[str]:
     req = trace["request"]
     ptoks = _prompt_tokens(trace)
@@ -363,15 +392,18 @@ def usage_totals(trace: Trace) -> Iterable[str]:
             exp = want_chunks.get(j, [])
             if m < len(exp):
                 e = exp[m]
-                yield from check(ev["data"]["usage"], ptoks.get(e["prompt"], -1), e["completion_tokens"],
-                                 f"choice {j} chunk {m} (continuous usage)")
+                yield from check(
+                    ev["data"]["usage"],
+                    ptoks.get(e["prompt"], -1),
+                    e["completion_tokens"],
+                    f"choice {j} chunk {m} (continuous usage)",
+                )
     for r in _records(trace, "json"):
         if r["status"] == 200:
             yield from check(r["body"].get("usage", {}), prompt_total, completion_total, "JSON response")
 
 
-@invariant(7, "Exactly one [DONE], as the last event, on a normal end and after an error event; "
-              "nothing after it.")
+@invariant(7, "Exactly one [DONE], as the last event, on a normal end and after an error event; nothing after it.")
 def done_terminal(trace: Trace) -> Iterable[str]:
     evs = _events(trace)
     dones = [i for i, (_, ev) in enumerate(evs) if ev["type"] == "done"]
@@ -386,9 +418,12 @@ def done_terminal(trace: Trace) -> Iterable[str]:
         yield "an error event without [DONE] after it"
 
 
-@invariant(8, "A stream that ends normally has an error event if and only if an engine request failed "
-              "or the reader stalled: exactly one, with the first failure's status, after which only "
-              "[DONE] follows.")
+@invariant(
+    8,
+    "A stream that ends normally has an error event if and only if an engine request failed "
+    "or the reader stalled: exactly one, with the first failure's status, after which only "
+    "[DONE] follows.",
+)
 def error_event(trace: Trace) -> Iterable[str]:
     if not trace["request"]["stream"]:
         return
@@ -409,8 +444,7 @@ def error_event(trace: Trace) -> Iterable[str]:
             yield "events other than [DONE] after the error event"
 
 
-@invariant(9, "Nothing at all is written after a client disconnect or a drain cancellation "
-              "(the connection is closed).")
+@invariant(9, "Nothing at all is written after a client disconnect or a drain cancellation (the connection is closed).")
 def silent_after_close(trace: Trace) -> Iterable[str]:
     closes = _records(trace, "disconnect", "drain")
     if not closes:
@@ -421,10 +455,13 @@ def silent_after_close(trace: Trace) -> Iterable[str]:
             yield f"{r['kind']} written at t={r['t']} after the {first['kind']} at t={first['t']}"
 
 
-@invariant(10, "Engine cleanup: by the end every engine request is finished, failed or aborted, none "
-               "aborted twice, none left running; after an error, disconnect, stall or drain every "
-               "engine request still open is closed within abort_bound; without any of these none is "
-               "aborted.")
+@invariant(
+    10,
+    "Engine cleanup: by the end every engine request is finished, failed or aborted, none "
+    "aborted twice, none left running; after an error, disconnect, stall or drain every "
+    "engine request still open is closed within abort_bound; without any of these none is "
+    "aborted.",
+)
 def engine_cleanup(trace: Trace) -> Iterable[str]:
     opens = {r["prompt"]: r for r in _records(trace, "engine_open")}
     closes: dict[int, list[Record]] = {}
@@ -450,8 +487,10 @@ def engine_cleanup(trace: Trace) -> Iterable[str]:
                 continue
             c = cs[0]
             if c["seq"] > first["seq"] and c["t"] > first["t"] + bound + EPS:
-                yield (f"engine request of prompt {p} closed at t={c['t']:g} ({c['outcome']}), "
-                       f"{c['t'] - first['t']:g} s after the {first['kind']} at t={first['t']:g} (bound {bound:g} s)")
+                yield (
+                    f"engine request of prompt {p} closed at t={c['t']:g} ({c['outcome']}), "
+                    f"{c['t'] - first['t']:g} s after the {first['kind']} at t={first['t']:g} (bound {bound:g} s)"
+                )
     else:
         for p, cs in closes.items():
             if cs and cs[0]["outcome"] != "finished":
@@ -462,9 +501,12 @@ def engine_cleanup(trace: Trace) -> Iterable[str]:
             yield f"prompts {sorted(missing)} never reached the engine"
 
 
-@invariant(11, "A non-streaming response is all-or-nothing: exactly one JSON response on a normal end "
-               "(none after a disconnect or drain): 200 with every choice complete if no engine request "
-               "failed, else the first failure's error and no choices.")
+@invariant(
+    11,
+    "A non-streaming response is all-or-nothing: exactly one JSON response on a normal end "
+    "(none after a disconnect or drain): 200 with every choice complete if no engine request "
+    "failed, else the first failure's error and no choices.",
+)
 def all_or_nothing(trace: Trace) -> Iterable[str]:
     req = trace["request"]
     if req["stream"] or not req["valid"]:
@@ -502,8 +544,11 @@ def all_or_nothing(trace: Trace) -> Iterable[str]:
                 yield f"choice {j}: {len(lp.get('tokens', ()))} logprob tokens, expected {ntok}"
 
 
-@invariant(12, "Heartbeat: pings only while the stream is open (before [DONE]); a ping only after the "
-               "body was idle for heartbeat seconds; no write waited longer than heartbeat.")
+@invariant(
+    12,
+    "Heartbeat: pings only while the stream is open (before [DONE]); a ping only after the "
+    "body was idle for heartbeat seconds; no write waited longer than heartbeat.",
+)
 def heartbeat(trace: Trace) -> Iterable[str]:
     hb = trace["limits"]["heartbeat"]
     done = _first_done_seq(trace)
@@ -517,10 +562,13 @@ def heartbeat(trace: Trace) -> Iterable[str]:
             yield f"a write at t={r['t']} came after {r['wait']:g} s of silence (heartbeat {hb:g} s)"
 
 
-@invariant(13, "Logprobs: when requested every chunk has four equal-length lists with one entry per token "
-               "of its delta (plus the prompt's tokens on an echoed first chunk), and a choice's text_offsets "
-               "run on from 0 across its chunks, each the previous offset plus the previous token's length; "
-               "when not requested logprobs is null.")
+@invariant(
+    13,
+    "Logprobs: when requested every chunk has four equal-length lists with one entry per token "
+    "of its delta (plus the prompt's tokens on an echoed first chunk), and a choice's text_offsets "
+    "run on from 0 across its chunks, each the previous offset plus the previous token's length; "
+    "when not requested logprobs is null.",
+)
 def logprobs_shape(trace: Trace) -> Iterable[str]:
     req = trace["request"]
     want = expected_chunks(trace)
@@ -565,8 +613,11 @@ def rejected(trace: Trace) -> Iterable[str]:
         yield f"an invalid request got {[(r['status'], sorted(r['body'])) for r in js]}, expected one 4xx error"
 
 
-@invariant(15, "Liveness: every request ends (normally, by disconnect or by drain), never by a crash or "
-               "by the harness's watchdog.")
+@invariant(
+    15,
+    "Liveness: every request ends (normally, by disconnect or by drain), never by a crash or "
+    "by the harness's watchdog.",
+)
 def liveness(trace: Trace) -> Iterable[str]:
     end = _end(trace)
     if end is None:
@@ -673,8 +724,10 @@ class RequestMachine:
 
     def finish(self) -> None:
         if self.state not in (RequestState.DONE, RequestState.REJECTED):
-            self.errors.append(f"the request ended in state {self.state.value} "
-                               f"(engine requests still open: {sorted(self.open_engine)})")
+            self.errors.append(
+                f"the request ended in state {self.state.value} "
+                f"(engine requests still open: {sorted(self.open_engine)})"
+            )
 
 
 def replay(trace: Trace) -> RequestMachine:
@@ -685,8 +738,11 @@ def replay(trace: Trace) -> RequestMachine:
     return m
 
 
-@invariant(0, "The trace is a run of the state machine: no output in a terminal state, no delta for a "
-              "finished or unknown choice, and every request reaches done or rejected.")
+@invariant(
+    0,
+    "The trace is a run of the state machine: no output in a terminal state, no delta for a "
+    "finished or unknown choice, and every request reaches done or rejected.",
+)
 def transitions(trace: Trace) -> Iterable[str]:
     yield from replay(trace).errors
 

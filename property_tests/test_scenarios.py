@@ -61,7 +61,12 @@ def test_a_stalled_reader_gets_408_and_aborts_the_batch(s: Scenario) -> None:
 @example(  # the case measured on the HTTP server: a batch, one prompt failing, a client reading nothing
     Scenario(
         prompts=tuple(f"p{i}" + (" braid:fail@3" if i == 5 else "") for i in range(8)),
-        max_tokens=6, ignore_eos=True, token_delay=0.5, pause=(0.0, 100.0), stall_timeout=30.0, buffer=1,
+        max_tokens=6,
+        ignore_eos=True,
+        token_delay=0.5,
+        pause=(0.0, 100.0),
+        stall_timeout=30.0,
+        buffer=1,
     )
 )
 def test_a_failure_aborts_the_batch_while_the_reader_is_stalled(s: Scenario) -> None:

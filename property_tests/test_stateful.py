@@ -28,8 +28,18 @@ from property_tests.strategies import scenarios
 
 # Invariants that a trace cut at an arbitrary instant must already satisfy.
 PREFIX_SAFE = {
-    "framing", "choice_index", "choice_sequence", "one_finish_reason", "usage_placement", "usage_totals",
-    "done_terminal", "error_event", "silent_after_close", "heartbeat", "logprobs_shape", "rejected",
+    "framing",
+    "choice_index",
+    "choice_sequence",
+    "one_finish_reason",
+    "usage_placement",
+    "usage_totals",
+    "done_terminal",
+    "error_event",
+    "silent_after_close",
+    "heartbeat",
+    "logprobs_shape",
+    "rejected",
 }
 
 
@@ -134,6 +144,7 @@ class ConcurrentRequests(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
+
             async def finish_all() -> None:
                 for _ in range(20):
                     if all(any(r["kind"] == "end" for r in rec.records) for rec, _ in self.requests):
@@ -150,6 +161,7 @@ class ConcurrentRequests(RuleBasedStateMachine):
 
             self._call(final)
         finally:
+
             async def stop() -> None:
                 self.stop_host.set()
 

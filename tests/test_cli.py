@@ -51,7 +51,11 @@ def test_openai_client_list_prompts(braid_url: str) -> None:
     assert done.usage is not None and done.usage.total_tokens == done.usage.prompt_tokens + done.usage.completion_tokens
 
     stream = client.completions.create(
-        model="scripted", prompt=["Hello", "World", "!"], max_tokens=5, seed=1, stream=True,
+        model="scripted",
+        prompt=["Hello", "World", "!"],
+        max_tokens=5,
+        seed=1,
+        stream=True,
         stream_options={"include_usage": True},
     )
     texts: dict[int, str] = {}
@@ -80,7 +84,8 @@ def test_sigterm_drains_then_exits_cleanly() -> None:
     proc, url = _start("--token-delay", "0.01", "--graceful-timeout", "1")
     with httpx.Client(base_url=url, timeout=10) as client:
         with client.stream(
-            "POST", "/v1/completions",
+            "POST",
+            "/v1/completions",
             json={"prompt": ["a", "b"], "max_tokens": 2000, "ignore_eos": True, "stream": True},
         ) as r:
             it = r.iter_raw()
@@ -99,7 +104,10 @@ def test_sigterm_drains_then_exits_cleanly() -> None:
 
 
 def test_curl_style_request(braid_url: str) -> None:
-    r = httpx.post(braid_url + "/v1/completions", json={"model": "scripted", "prompt": ["Hello", "World"], "max_tokens": 4, "temperature": 0})
+    r = httpx.post(
+        braid_url + "/v1/completions",
+        json={"model": "scripted", "prompt": ["Hello", "World"], "max_tokens": 4, "temperature": 0},
+    )
     assert r.status_code == 200 and len(r.json()["choices"]) == 2
 
 

@@ -90,7 +90,12 @@ async def test_stream_chunk_shape() -> None:
     plan, _, events = await run_stream({"prompt": ["ab", "cd", "ef"], "n": 2, "max_tokens": 8, "temperature": 0.8})
     for e in content_chunks(events):
         assert set(e) == {"id", "object", "created", "model", "choices"}
-        assert (e["id"], e["object"], e["created"], e["model"]) == ("cmpl-test", "text_completion", 1700000000, "scripted")
+        assert (e["id"], e["object"], e["created"], e["model"]) == (
+            "cmpl-test",
+            "text_completion",
+            1700000000,
+            "scripted",
+        )
         assert set(e["choices"][0]) == CHOICE_KEYS  # no routed_experts in a stream
         assert e["choices"][0]["logprobs"] is None and e["choices"][0]["token_ids"] is None
         assert e["choices"][0]["prompt_token_ids"] is None  # no echo, no return_token_ids
@@ -122,7 +127,9 @@ async def test_concurrent_prompts_in_true_arrival_order() -> None:
     assert order[:10] != sorted(order[:10]) or len(set(order[:10])) > 2, "prompts should interleave"
     _, _, whole = await run_whole(body)
     chunks = by_index(events)
-    assert ["".join(p["text"] for p in chunks[c["index"]]) for c in whole["choices"]] == [c["text"] for c in whole["choices"]]
+    assert ["".join(p["text"] for p in chunks[c["index"]]) for c in whole["choices"]] == [
+        c["text"] for c in whole["choices"]
+    ]
     assert all(len(c["text"]) == 6 for c in whole["choices"])
 
 
@@ -148,17 +155,46 @@ async def test_non_streaming_body_has_vllms_shape() -> None:
     """vLLM 0.32's CompletionResponse: every field present, in its order, the unused ones null."""
     _, _, whole = await run_whole({"prompt": ["abc", "de"], "n": 2, "max_tokens": 5})
     assert list(whole) == [
-        "id", "object", "created", "model", "choices", "service_tier", "system_fingerprint", "usage",
-        "kv_transfer_params", "ec_transfer_params", "metrics",
+        "id",
+        "object",
+        "created",
+        "model",
+        "choices",
+        "service_tier",
+        "system_fingerprint",
+        "usage",
+        "kv_transfer_params",
+        "ec_transfer_params",
+        "metrics",
     ]
-    assert (whole["id"], whole["object"], whole["created"], whole["model"]) == ("cmpl-test", "text_completion", 1700000000, "scripted")
-    assert [whole[k] for k in ("service_tier", "system_fingerprint", "kv_transfer_params", "ec_transfer_params", "metrics")] == [None] * 5
-    assert list(whole["usage"]) == ["prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details", "completion_tokens_details"]
+    assert (whole["id"], whole["object"], whole["created"], whole["model"]) == (
+        "cmpl-test",
+        "text_completion",
+        1700000000,
+        "scripted",
+    )
+    assert [
+        whole[k] for k in ("service_tier", "system_fingerprint", "kv_transfer_params", "ec_transfer_params", "metrics")
+    ] == [None] * 5
+    assert list(whole["usage"]) == [
+        "prompt_tokens",
+        "total_tokens",
+        "completion_tokens",
+        "prompt_tokens_details",
+        "completion_tokens_details",
+    ]
     assert len(whole["choices"]) == 4
     for c in whole["choices"]:
         assert list(c) == [
-            "index", "text", "logprobs", "finish_reason", "stop_reason", "token_ids", "prompt_logprobs",
-            "prompt_token_ids", "routed_experts",
+            "index",
+            "text",
+            "logprobs",
+            "finish_reason",
+            "stop_reason",
+            "token_ids",
+            "prompt_logprobs",
+            "prompt_token_ids",
+            "routed_experts",
         ]
         assert c["routed_experts"] is None
         assert (c["logprobs"], c["token_ids"], c["prompt_logprobs"], c["prompt_token_ids"]) == (None, None, None, None)
@@ -265,7 +301,10 @@ async def test_fail_gives_an_error_event_then_done_and_nothing_after() -> None:
     # vLLM writes error events with json.dumps (spaces after separators), then [DONE]; no usage.
     assert raw == b"data: " + json.dumps(err.body()).encode() + b"\n\ndata: [DONE]\n\n"
     events = parse_sse(raw)
-    assert events == [{"error": {"message": err.message, "type": "BadRequestError", "param": "prompt", "code": 400}}, "[DONE]"]
+    assert events == [
+        {"error": {"message": err.message, "type": "BadRequestError", "param": "prompt", "code": 400}},
+        "[DONE]",
+    ]
     assert merger.phase is Phase.DONE
     for call in (lambda: merger.feed([(0, per_prompt[0][1])]), merger.finish, lambda: merger.fail(err)):
         with pytest.raises(ProtocolViolation):
@@ -276,7 +315,10 @@ async def test_fail_before_any_output() -> None:
     plan = make({"prompt": "a"}, stream=True)
     merger = StreamMerger(plan, TOK)
     events = parse_sse(merger.fail(EngineError("boom")))
-    assert events == [{"error": {"message": "boom", "type": "InternalServerError", "param": None, "code": 500}}, "[DONE]"]
+    assert events == [
+        {"error": {"message": "boom", "type": "InternalServerError", "param": None, "code": 500}},
+        "[DONE]",
+    ]
 
 
 async def test_collector_needs_every_choice_finished() -> None:
@@ -356,7 +398,11 @@ def test_property_stream_equals_non_stream(body: dict, seed: int) -> None:
         g = c["index"]
         parts = chunks[g]
         assert [p["finish_reason"] for p in parts[:-1]] == [None] * (len(parts) - 1)
-        assert (parts[-1]["finish_reason"], parts[-1]["stop_reason"]) == (c["finish_reason"], c["stop_reason"]) == exp.finish[g]
+        assert (
+            (parts[-1]["finish_reason"], parts[-1]["stop_reason"])
+            == (c["finish_reason"], c["stop_reason"])
+            == exp.finish[g]
+        )
         assert "".join(p["text"] for p in parts) == c["text"]
         echo = plan.items[g // plan.n].echo_text
         assert c["text"] == echo + ("" if plan.hide_completion else exp.text[g])
@@ -375,7 +421,9 @@ def test_property_stream_equals_non_stream(body: dict, seed: int) -> None:
             lp = c["logprobs"]
             for key in ("tokens", "token_logprobs", "top_logprobs"):
                 assert [x for p in parts for x in p["logprobs"][key]] == lp[key]
-            shown = (len(exp.prompt_ids[g]) if plan.echo else 0) + (0 if plan.hide_completion else len(exp.token_ids[g]))
+            shown = (len(exp.prompt_ids[g]) if plan.echo else 0) + (
+                0 if plan.hide_completion else len(exp.token_ids[g])
+            )
             assert len(lp["tokens"]) == shown
             check_logprobs_entries(lp, plan)
             assert [x for p in parts for x in p["logprobs"]["text_offset"]] == lp["text_offset"]
@@ -402,8 +450,13 @@ def _cached_outputs(plan: Plan) -> list[Arrival]:
 
 
 def _cached_plan(*, stream: bool, report: bool) -> Plan:
-    body = {"prompt": ["abc", "de", "f"], "n": 2, "max_tokens": 1, "stream": stream,
-            "stream_options": {"include_usage": True} if stream else None}
+    body = {
+        "prompt": ["abc", "de", "f"],
+        "n": 2,
+        "max_tokens": 1,
+        "stream": stream,
+        "stream_options": {"include_usage": True} if stream else None,
+    }
     req = parse_request(json.dumps(body).encode(), LIMITS)
     engine = ScriptedEngine()
     return make_plan(req, engine.info, engine.tokenizer, request_id="cmpl-test", created=1, cached_tokens=report)
@@ -416,14 +469,22 @@ def test_cached_tokens_are_summed_over_the_prompts_once_per_prompt() -> None:
     usage = json.loads(collector.body())["usage"]
     assert usage["prompt_tokens"] == 4 + 3 + 2
     # vLLM 0.32's shape; 16 + 0: a prompt's first report counts, and a prompt with none adds 0
-    assert usage["prompt_tokens_details"] == {"cached_tokens": 16, "created_cache_tokens": None, "multimodal_tokens": None}
+    assert usage["prompt_tokens_details"] == {
+        "cached_tokens": 16,
+        "created_cache_tokens": None,
+        "multimodal_tokens": None,
+    }
 
     plan = _cached_plan(stream=True, report=True)
     merger = StreamMerger(plan, TOK)
     merger.feed(_cached_outputs(plan))
     final = parse_sse(merger.finish())[0]
-    assert final["usage"] == {"prompt_tokens": 9, "total_tokens": 15, "completion_tokens": 6,
-                              "prompt_tokens_details": {"cached_tokens": 16}}
+    assert final["usage"] == {
+        "prompt_tokens": 9,
+        "total_tokens": 15,
+        "completion_tokens": 6,
+        "prompt_tokens_details": {"cached_tokens": 16},
+    }
 
 
 def test_cached_tokens_are_not_reported_unless_the_server_enables_them() -> None:
@@ -440,6 +501,7 @@ def test_cached_tokens_are_not_reported_unless_the_server_enables_them() -> None
 def test_cached_tokens_are_left_out_when_no_output_reports_them() -> None:
     plan = _cached_plan(stream=False, report=True)
     collector = ResponseCollector(plan, TOK)
-    collector.feed([(i, EngineOutput(o.prompt_token_ids, o.choices, o.finished, None, None))
-                    for i, o in _cached_outputs(plan)])
+    collector.feed(
+        [(i, EngineOutput(o.prompt_token_ids, o.choices, o.finished, None, None)) for i, o in _cached_outputs(plan)]
+    )
     assert json.loads(collector.body())["usage"]["prompt_tokens_details"] is None

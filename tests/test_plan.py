@@ -50,7 +50,9 @@ def test_one_engine_request_per_prompt_with_suffixed_ids() -> None:
 
 
 def test_engine_ids_can_have_their_own_prefix() -> None:
-    req = parse_request(json.dumps({"prompt": ["a", "b"], "max_tokens": 4}).encode(), Limits(vocab_size=INFO.vocab_size))
+    req = parse_request(
+        json.dumps({"prompt": ["a", "b"], "max_tokens": 4}).encode(), Limits(vocab_size=INFO.vocab_size)
+    )
     p = make_plan(req, INFO, TOK, request_id="cmpl-client", created=1, engine_request_id="cmpl-client-1a2b")
     assert p.meta.id == "cmpl-client"
     assert [it.request.request_id for it in p.items] == ["cmpl-client-1a2b-0", "cmpl-client-1a2b-1"]
@@ -88,10 +90,28 @@ def test_empty_text_prompt_without_bos_is_refused() -> None:
 
 
 def test_sampling_params_carry_the_request() -> None:
-    p = plan(max_tokens=7, temperature=0.5, top_p=0.9, seed=3, stop=["zz"], stop_token_ids=[9], logprobs=2, ignore_eos=True)
+    p = plan(
+        max_tokens=7, temperature=0.5, top_p=0.9, seed=3, stop=["zz"], stop_token_ids=[9], logprobs=2, ignore_eos=True
+    )
     sp = p.items[0].request.params
-    assert (sp.max_tokens, sp.temperature, sp.top_p, sp.seed, sp.stop, sp.stop_token_ids, sp.logprobs, sp.ignore_eos) == (
-        7, 0.5, 0.9, 3, ("zz",), (9,), 2, True,
+    assert (
+        sp.max_tokens,
+        sp.temperature,
+        sp.top_p,
+        sp.seed,
+        sp.stop,
+        sp.stop_token_ids,
+        sp.logprobs,
+        sp.ignore_eos,
+    ) == (
+        7,
+        0.5,
+        0.9,
+        3,
+        ("zz",),
+        (9,),
+        2,
+        True,
     )
     assert plan().items[0].request.params.max_tokens == 16  # the default
 
@@ -225,10 +245,12 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens() -> None:
     assert [it.echo_text for it in p.items] == ["abcdef", "xy"]
     assert p.prompt_tokens == 6
     # with an explicit side the whole encoding is cut, as vLLM does
-    assert plan(prompt="abcdef", truncate_prompt_tokens=3, truncation_side="left").items[0].request.prompt_token_ids == (
-        ids_of("def"))
-    assert plan(prompt="abcdef", truncate_prompt_tokens=3, add_special_tokens=False).items[0].request.prompt_token_ids == (
-        ids_of("def"))
+    assert plan(prompt="abcdef", truncate_prompt_tokens=3, truncation_side="left").items[
+        0
+    ].request.prompt_token_ids == (ids_of("def"))
+    assert plan(prompt="abcdef", truncate_prompt_tokens=3, add_special_tokens=False).items[
+        0
+    ].request.prompt_token_ids == (ids_of("def"))
     q = plan(prompt=[[5, 6, 7, 8], [9]], truncate_prompt_tokens=3, echo=True)
     assert [it.request.prompt_token_ids for it in q.items] == [(6, 7, 8), (9,)]
     assert [it.echo_text for it in q.items] == [TOK.decode((6, 7, 8)), TOK.decode((9,))]
@@ -260,7 +282,9 @@ def test_truncation_side_right_keeps_the_first_tokens() -> None:
     p = plan(prompt=[[5, 6, 7, 8]], truncate_prompt_tokens=2, truncation_side="right")
     assert p.items[0].request.prompt_token_ids == (5, 6)
     assert plan(prompt="abcd", truncate_prompt_tokens=2, truncation_side="right").items[0].request.prompt_token_ids == (
-        BOS, *ids_of("a"))
+        BOS,
+        *ids_of("a"),
+    )
     q = plan(prompt=[[5, 6, 7, 8]], truncate_prompt_tokens=2, truncation_side="left")
     assert q.items[0].request.prompt_token_ids == (7, 8)
 
@@ -271,7 +295,14 @@ def test_a_text_too_long_for_any_tokenizing_is_refused_before_tokenizing() -> No
     assert err.param == "input_text" and f"contains {limit + 1} characters (more than {limit}" in str(err.message)
     assert refuse(SMALL, prompt="x" * limit, max_tokens=1).param == "input_tokens"  # tokenized, then too long
     # with truncation the text is cut instead
-    assert len(plan(SMALL, prompt="x" * (limit + 1), max_tokens=1, truncate_prompt_tokens=5).items[0].request.prompt_token_ids) == 5
+    assert (
+        len(
+            plan(SMALL, prompt="x" * (limit + 1), max_tokens=1, truncate_prompt_tokens=5)
+            .items[0]
+            .request.prompt_token_ids
+        )
+        == 5
+    )
     # the request-level checks come first, as in vLLM
     assert refuse(SMALL, prompt="x" * (limit + 1), max_tokens=40).param == "max_tokens"
 
@@ -286,8 +317,13 @@ def test_prompt_tokens_are_counted_once_per_prompt_not_per_choice() -> None:
 
 def test_flags_are_carried_into_the_plan() -> None:
     p = plan(
-        prompt="x", stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True},
-        logprobs=2, echo=True, return_token_ids=True, return_tokens_as_token_ids=True,
+        prompt="x",
+        stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True},
+        logprobs=2,
+        echo=True,
+        return_token_ids=True,
+        return_tokens_as_token_ids=True,
     )
     assert (p.stream, p.include_usage, p.continuous_usage, p.logprobs, p.prompt_logprobs) == (True, True, True, 2, 2)
     assert p.return_token_ids and p.tokens_as_ids and p.echo

@@ -56,7 +56,12 @@ async def test_renderer_chunks_carry_the_prompt_index() -> None:
 
 
 ECHO_TOKEN_PROMPT = {
-    "prompt": [ids_of("hello"), ids_of("hey you")], "n": 2, "max_tokens": 8, "echo": True, "logprobs": 2, "ignore_eos": True,
+    "prompt": [ids_of("hello"), ids_of("hey you")],
+    "n": 2,
+    "max_tokens": 8,
+    "echo": True,
+    "logprobs": 2,
+    "ignore_eos": True,
 }
 
 
@@ -102,7 +107,13 @@ OFFSET_CASES = {
     # the echoed BOS is the token "<s>" but adds no text
     "echo-bos": {"prompt": ["hello", "yo"], "n": 2, "max_tokens": 8, "echo": True, "logprobs": 1},
     # text that may start a stop string is held back: deltas carry a token but (yet) no text
-    "stop-holdback": {"prompt": [ids_of("hello world")], "max_tokens": 16, "logprobs": 1, "stop": ["zzz", "ab"], "ignore_eos": True},
+    "stop-holdback": {
+        "prompt": [ids_of("hello world")],
+        "max_tokens": 16,
+        "logprobs": 1,
+        "stop": ["zzz", "ab"],
+        "ignore_eos": True,
+    },
 }
 
 
@@ -201,7 +212,9 @@ def test_render_logprobs_floors_and_ids() -> None:
 
 
 async def test_return_tokens_as_token_ids() -> None:
-    plan, per_prompt, whole = await run_whole({"prompt": "ab", "max_tokens": 5, "logprobs": 1, "return_tokens_as_token_ids": True})
+    plan, per_prompt, whole = await run_whole(
+        {"prompt": "ab", "max_tokens": 5, "logprobs": 1, "return_tokens_as_token_ids": True}
+    )
     exp = Expected(plan, per_prompt)
     lp = whole["choices"][0]["logprobs"]
     assert lp["tokens"] == [f"token_id:{t}" for t in exp.token_ids[0]]
@@ -210,8 +223,14 @@ async def test_return_tokens_as_token_ids() -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_echo_with_zero_max_tokens_shows_only_the_prompt(stream: bool) -> None:
-    body = {"prompt": ["abc", "de"], "n": 2, "max_tokens": 0, "echo": True, "logprobs": 1,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "prompt": ["abc", "de"],
+        "n": 2,
+        "max_tokens": 0,
+        "echo": True,
+        "logprobs": 1,
+        "stream_options": {"include_usage": True},
+    }
     if stream:
         plan, per_prompt, events = await run_stream(body)
         chunks = by_index(events)
@@ -284,7 +303,10 @@ async def test_echo_stream_carries_prompt_token_ids_on_each_choices_first_chunk(
 async def test_echo_stream_with_zero_max_tokens_carries_prompt_token_ids() -> None:
     _, _, events = await run_stream({"prompt": ["abc", "de"], "max_tokens": 0, "echo": True})
     chunks = by_index(events)
-    assert {g: parts[0]["prompt_token_ids"] for g, parts in chunks.items()} == {0: [BOS, *ids_of("abc")], 1: [BOS, *ids_of("de")]}
+    assert {g: parts[0]["prompt_token_ids"] for g, parts in chunks.items()} == {
+        0: [BOS, *ids_of("abc")],
+        1: [BOS, *ids_of("de")],
+    }
     assert {g: "".join(p["text"] for p in parts) for g, parts in chunks.items()} == {0: "abc", 1: "de"}
 
 
@@ -306,7 +328,11 @@ async def test_stop_strings_never_appear_in_the_text(stream: bool) -> None:
     if stream:
         _, _, events = await run_stream(body, seed=1)
         choices = [
-            {"text": "".join(p["text"] for p in parts), "finish_reason": parts[-1]["finish_reason"], "stop_reason": parts[-1]["stop_reason"]}
+            {
+                "text": "".join(p["text"] for p in parts),
+                "finish_reason": parts[-1]["finish_reason"],
+                "stop_reason": parts[-1]["stop_reason"],
+            }
             for parts in by_index(events).values()
         ]
     else:
@@ -334,8 +360,14 @@ async def test_no_streamed_chunk_shows_a_stop_string_early() -> None:
 
 
 async def test_include_stop_str_in_output_keeps_the_stop_string() -> None:
-    body = {"prompt": [f"s{i}" for i in range(6)], "n": 3, "max_tokens": 30, "stop": STOPS, "ignore_eos": True,
-            "include_stop_str_in_output": True}
+    body = {
+        "prompt": [f"s{i}" for i in range(6)],
+        "n": 3,
+        "max_tokens": 30,
+        "stop": STOPS,
+        "ignore_eos": True,
+        "include_stop_str_in_output": True,
+    }
     _, _, whole = await run_whole(body)
     stopped = [c for c in whole["choices"] if c["stop_reason"] is not None]
     assert stopped
@@ -346,7 +378,13 @@ async def test_include_stop_str_in_output_keeps_the_stop_string() -> None:
 
 async def test_stop_token_ids_finish_with_the_token_as_stop_reason() -> None:
     stop_id = ids_of("a")[0]
-    body = {"prompt": [f"t{i}" for i in range(4)], "n": 2, "max_tokens": 40, "stop_token_ids": [stop_id], "ignore_eos": True}
+    body = {
+        "prompt": [f"t{i}" for i in range(4)],
+        "n": 2,
+        "max_tokens": 40,
+        "stop_token_ids": [stop_id],
+        "ignore_eos": True,
+    }
     plan, per_prompt, whole = await run_whole(body)
     exp = Expected(plan, per_prompt)
     stopped = [c for c in whole["choices"] if c["stop_reason"] is not None]

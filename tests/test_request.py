@@ -22,6 +22,8 @@ from braid.request import (
 
 VOCAB = 259  # the scripted engine's vocabulary
 LIMITS = Limits(vocab_size=VOCAB)
+
+
 class _Missing:
     def __repr__(self) -> str:
         return "MISSING"
@@ -371,7 +373,10 @@ def test_wrong_type_inside_a_list_names_the_field(fields: dict, param: str) -> N
         (b'{"prompt": "x",', "body.15"),
         (b"nope", "body.0"),
         (b'{"prompt": ', "body.11"),
-        ('{"prompt": "\u00e9\u00e9", }'.encode(), "body.17"),  # 2-byte characters: a character offset (the byte offset is 19)
+        (
+            '{"prompt": "\u00e9\u00e9", }'.encode(),
+            "body.17",
+        ),  # 2-byte characters: a character offset (the byte offset is 19)
     ],
     ids=repr,
 )

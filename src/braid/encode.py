@@ -71,7 +71,9 @@ class SseEncoder:
     _head: bytes = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        head = _encode({"id": self.meta.id, "object": "text_completion", "created": self.meta.created, "model": self.meta.model})
+        head = _encode(
+            {"id": self.meta.id, "object": "text_completion", "created": self.meta.created, "model": self.meta.model}
+        )
         self._head = b"data: " + head[:-1] + b',"choices":['
 
     def chunk(self, c: ChoiceChunk, usage: Usage | None = None) -> bytes:
@@ -106,7 +108,11 @@ def completion_body(meta: ResponseMeta, choices: list[dict[str, object]], usage:
             "choices": choices,
             "service_tier": None,
             "system_fingerprint": None,
-            "usage": {**usage.as_dict(), "prompt_tokens_details": _prompt_details(usage), "completion_tokens_details": None},
+            "usage": {
+                **usage.as_dict(),
+                "prompt_tokens_details": _prompt_details(usage),
+                "completion_tokens_details": None,
+            },
             "kv_transfer_params": None,
             "ec_transfer_params": None,
             "metrics": None,

@@ -28,7 +28,9 @@ class Metrics:
 
     def track_engine_unfinished(self, read: Callable[[], float]) -> None:
         """Expose the engine's own count of unfinished requests (read at scrape time)."""
-        g = Gauge("braid_engine_unfinished_requests", "The engine's own count of unfinished requests", registry=self.registry)
+        g = Gauge(
+            "braid_engine_unfinished_requests", "The engine's own count of unfinished requests", registry=self.registry
+        )
         g.set_function(read)
 
     def render(self) -> bytes:

@@ -174,7 +174,11 @@ class ChoiceRenderer:
             logprobs = None
             if plan.logprobs is not None:
                 logprobs = render_logprobs(
-                    ids, steps, top=plan.logprobs, offset=state.offset, tokenizer=self.tokenizer,
+                    ids,
+                    steps,
+                    top=plan.logprobs,
+                    offset=state.offset,
+                    tokenizer=self.tokenizer,
                     as_ids=plan.tokens_as_ids,
                 )
                 if logprobs.tokens:
@@ -193,7 +197,9 @@ class ChoiceRenderer:
                     token_ids=delta.token_ids if plan.return_token_ids else None,
                     # vLLM's streams carry the prompt ids on an echoing first chunk even
                     # without return_token_ids (its non-streamed bodies do not)
-                    prompt_token_ids=prompt_ids if first and (plan.return_token_ids or (plan.echo and plan.stream)) else None,
+                    prompt_token_ids=prompt_ids
+                    if first and (plan.return_token_ids or (plan.echo and plan.stream))
+                    else None,
                     prompt_logprobs=prompt_lps,
                     completion_tokens=state.tokens,
                 )

@@ -264,19 +264,25 @@ def _parse_prompt_list(value: list[object], limits: Limits) -> tuple[Prompt, ...
         out: list[Prompt] = []
         for i, p in enumerate(value):
             if not isinstance(p, list):
-                raise _schema(f"prompt[{i}]: a list of token-id lists cannot hold {_type_name(p)}; prompt must be {_SHAPES}.")
+                raise _schema(
+                    f"prompt[{i}]: a list of token-id lists cannot hold {_type_name(p)}; prompt must be {_SHAPES}."
+                )
             if not p:
                 raise _bad(f"prompt[{i}]: the token-id list is empty (the decoder prompt cannot be empty).")
             for j, t in enumerate(p):
                 if isinstance(t, list | dict):
                     raise _schema(f"prompt[{i}][{j}]: token ids must be integers, got {_type_name(t)}.")
-            out.append(TokenPrompt(tuple(_token_id(t, f"prompt[{i}][{j}]", limits.vocab_size) for j, t in enumerate(p))))
+            out.append(
+                TokenPrompt(tuple(_token_id(t, f"prompt[{i}][{j}]", limits.vocab_size) for j, t in enumerate(p)))
+            )
         prompts = tuple(out)
     else:
         ids = []
         for j, t in enumerate(value):
             if isinstance(t, str | list | dict):
-                raise _schema(f"prompt[{j}]: a list of token ids cannot hold {_type_name(t)}; prompt must be {_SHAPES}.")
+                raise _schema(
+                    f"prompt[{j}]: a list of token ids cannot hold {_type_name(t)}; prompt must be {_SHAPES}."
+                )
             ids.append(_token_id(t, f"prompt[{j}]", limits.vocab_size))
         return (TokenPrompt(tuple(ids)),)
     if len(prompts) > limits.max_prompts:
@@ -337,7 +343,9 @@ def _check_fields(b: _Body, limits: Limits) -> None:
     _check_range("min_p", b.min_p, 0.0, 1.0)
     _check_range("presence_penalty", b.presence_penalty, -2.0, 2.0)
     _check_range("frequency_penalty", b.frequency_penalty, -2.0, 2.0)
-    if b.repetition_penalty is not None and not (math.isfinite(b.repetition_penalty) and 0 < b.repetition_penalty <= 2.0):
+    if b.repetition_penalty is not None and not (
+        math.isfinite(b.repetition_penalty) and 0 < b.repetition_penalty <= 2.0
+    ):
         raise _bad(f"repetition_penalty must be in (0, 2], got {b.repetition_penalty}.", "repetition_penalty")
     if b.top_k is not None and b.top_k < -1:
         raise _bad(f"top_k must be -1 or 0 (disable), or at least 1, got {b.top_k}.", "top_k")
@@ -354,7 +362,9 @@ def _check_fields(b: _Body, limits: Limits) -> None:
             raise _bad(f"{name} must be -1 (the whole vocabulary) or non-negative, got {value}.", name)
         asked = limits.vocab_size if value == -1 else value
         if asked > limits.max_logprobs:
-            raise _bad(f"Requested {name} of {asked}, which is greater than the maximum allowed: {limits.max_logprobs}.", name)
+            raise _bad(
+                f"Requested {name} of {asked}, which is greater than the maximum allowed: {limits.max_logprobs}.", name
+            )
     if b.stream and b.prompt_logprobs is not None and b.prompt_logprobs != 0:
         raise _bad("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
     stops = [b.stop] if isinstance(b.stop, str) else (b.stop or [])
@@ -374,7 +384,10 @@ def _check_fields(b: _Body, limits: Limits) -> None:
     if b.min_tokens > max(max_tokens, 1):
         raise _bad(f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {b.min_tokens}.")
     if b.truncate_prompt_tokens is not None and (b.truncate_prompt_tokens < -1 or b.truncate_prompt_tokens == 0):
-        raise _bad(f"truncate_prompt_tokens must be -1 or at least 1, got {b.truncate_prompt_tokens}.", "truncate_prompt_tokens")
+        raise _bad(
+            f"truncate_prompt_tokens must be -1 or at least 1, got {b.truncate_prompt_tokens}.",
+            "truncate_prompt_tokens",
+        )
 
 
 def _logit_bias(raw: dict[str, float] | None, vocab_size: int) -> tuple[tuple[int, float], ...] | None:

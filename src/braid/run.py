@@ -123,7 +123,9 @@ class CompletionRun:
             self.engine.abort_requests(sorted(self._open_ids))
 
     async def _supervise(
-        self, send: trio.MemorySendChannel[Arrival | Tick], task_status: trio.TaskStatus[trio.Nursery] = trio.TASK_STATUS_IGNORED
+        self,
+        send: trio.MemorySendChannel[Arrival | Tick],
+        task_status: trio.TaskStatus[trio.Nursery] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         try:
             with send:

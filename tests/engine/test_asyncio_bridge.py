@@ -26,7 +26,9 @@ class FakeEngine:
     finished: list[str] = attrs.Factory(list)
     threads: set[str] = attrs.Factory(set)
 
-    async def generate(self, rid: str, count: int, delay: float = 0.0, fail_at: int | None = None) -> AsyncIterator[int]:
+    async def generate(
+        self, rid: str, count: int, delay: float = 0.0, fail_at: int | None = None
+    ) -> AsyncIterator[int]:
         self.threads.add(threading.current_thread().name)
         self.produced[rid] = 0
         try:
@@ -67,8 +69,10 @@ async def test_many_concurrent_streams() -> None:
     async with open_asyncio_thread() as bridge:
         async with trio.open_nursery() as nursery:
             for k in range(32):
+
                 async def one(k: int = k) -> None:
                     results[k] = await _collect(bridge, lambda: engine.generate(f"r{k}", 50 + k))
+
                 nursery.start_soon(one)
     assert all(results[k] == list(range(50 + k)) for k in range(32))
     assert len(engine.finished) == 32

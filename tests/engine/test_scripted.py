@@ -133,7 +133,9 @@ async def test_a_late_rejection_is_reported_at_the_first_step(autojump_clock: tr
         ids = tuple(engine.tokenizer.encode("x braid:invalid"))
         reported: list[BraidError] = []
         with pytest.raises(EngineRejected):
-            async with engine.open_request(EngineRequest("r", ids, SamplingParams(max_tokens=5)), reported.append) as outputs:
+            async with engine.open_request(
+                EngineRequest("r", ids, SamplingParams(max_tokens=5)), reported.append
+            ) as outputs:
                 await outputs.__anext__()
         assert len(reported) == 1 and isinstance(reported[0], EngineRejected)
         assert engine.failed_ids == ["r"]

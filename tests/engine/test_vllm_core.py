@@ -320,13 +320,25 @@ def make_engine() -> tuple[VllmCoreEngine, FakeSocket, FakeClient, FakeOutputPro
     info = ModelInfo(name="m", root="m", max_model_len=16, vocab_size=8)
     kind = types.SimpleNamespace(DELTA="delta", FINAL_ONLY="final")
     engine = VllmCoreEngine(
-        client, FakeInputProcessor(), op, (), info, None, kind, types.SimpleNamespace, FakeParent, RequestTypes  # type: ignore[arg-type]
+        client,
+        FakeInputProcessor(),
+        op,
+        (),
+        info,
+        None,
+        kind,
+        types.SimpleNamespace,
+        FakeParent,
+        RequestTypes,  # type: ignore[arg-type]
     )
     return engine, sock, client, op
 
 
 def sent_kinds(client: FakeClient) -> list[tuple[bytes, object]]:
-    return [(kind, payload.request_id if kind == RequestTypes.ADD.value else payload) for _, kind, payload in client.input_socket.sent]  # type: ignore[attr-defined]
+    return [
+        (kind, payload.request_id if kind == RequestTypes.ADD.value else payload)
+        for _, kind, payload in client.input_socket.sent
+    ]  # type: ignore[attr-defined]
 
 
 N2 = EngineRequest("r", (1, 2), SamplingParams(max_tokens=4, n=2), "ab")
@@ -338,7 +350,8 @@ async def test_n2_fans_out_and_leaving_early_aborts_every_child() -> None:
         assert set(op.request_states) == {"0_r-int", "1_r-int"}
     assert op.request_states == {}
     assert sent_kinds(client) == [
-        (RequestTypes.ADD.value, "0_r-int"), (RequestTypes.ADD.value, "1_r-int"),
+        (RequestTypes.ADD.value, "0_r-int"),
+        (RequestTypes.ADD.value, "1_r-int"),
         (RequestTypes.ABORT.value, ["0_r-int", "1_r-int"]),
     ]
 
@@ -351,7 +364,10 @@ async def test_a_failed_add_leaves_nothing_behind() -> None:
         async with engine.open_request(N2):
             pytest.fail("the block must not run")
     assert op.request_states == {}
-    assert sent_kinds(client) == [(RequestTypes.ADD.value, "0_r-int"), (RequestTypes.ABORT.value, ["0_r-int", "1_r-int"])]
+    assert sent_kinds(client) == [
+        (RequestTypes.ADD.value, "0_r-int"),
+        (RequestTypes.ABORT.value, ["0_r-int", "1_r-int"]),
+    ]
 
 
 async def test_the_pump_processes_steps_and_aborts_what_stop_strings_finished() -> None:
@@ -408,7 +424,9 @@ async def test_a_burst_of_steps_lets_other_tasks_run_every_max_burst_steps() -> 
     assert len(op.steps) == 3 * MAX_BURST + 1
     # The other task ran between bursts. Between two of its turns the pump may run twice (at the
     # end of one scheduler batch and the start of the next), never more.
-    assert seen_by_other and max(b - a for a, b in zip([0, *seen_by_other], seen_by_other, strict=False)) <= 2 * MAX_BURST
+    assert (
+        seen_by_other and max(b - a for a, b in zip([0, *seen_by_other], seen_by_other, strict=False)) <= 2 * MAX_BURST
+    )
 
 
 async def test_a_large_step_is_processed_in_chunks_with_other_tasks_run_between() -> None:

@@ -30,8 +30,15 @@ async def _drain(body: CompletionStream) -> list[bytes]:
 
 async def test_ready_events_are_coalesced_into_one_send() -> None:
     engine = ScriptedEngine(token_delay=0.0)
-    plan = plan_for(engine, b'{"prompt": ' + str([f"p{i}" for i in range(16)]).replace("'", '"').encode() + b', "max_tokens": 16, "ignore_eos": true, "stream": true}')
-    body = CompletionStream(CompletionRun(engine, plan, Metrics(), Settings(heartbeat=15)), StreamMerger(plan, engine.tokenizer))
+    plan = plan_for(
+        engine,
+        b'{"prompt": '
+        + str([f"p{i}" for i in range(16)]).replace("'", '"').encode()
+        + b', "max_tokens": 16, "ignore_eos": true, "stream": true}',
+    )
+    body = CompletionStream(
+        CompletionRun(engine, plan, Metrics(), Settings(heartbeat=15)), StreamMerger(plan, engine.tokenizer)
+    )
     sends = await _drain(body)
     events = parse_sse(b"".join(sends))
     assert sum(1 for e in events if isinstance(e, dict)) == 16 * 16
@@ -44,7 +51,9 @@ async def test_a_producer_faster_than_the_sends_is_sent_a_few_events_per_chunk()
     # chunk would carry one event (one body send per token).
     engine = ScriptedEngine(token_delay=0.0)
     plan = plan_for(engine, b'{"prompt": "x", "max_tokens": 64, "ignore_eos": true, "stream": true}')
-    body = CompletionStream(CompletionRun(engine, plan, Metrics(), Settings(heartbeat=15)), StreamMerger(plan, engine.tokenizer))
+    body = CompletionStream(
+        CompletionRun(engine, plan, Metrics(), Settings(heartbeat=15)), StreamMerger(plan, engine.tokenizer)
+    )
     sends = await _drain(body)
     per_chunk = [len(parse_sse(s)) for s in sends]
     assert sum(per_chunk) == 64 + 1
@@ -76,7 +85,9 @@ async def test_gathering_stops_after_its_rounds_even_if_outputs_keep_coming() ->
 async def test_idle_stream_sends_one_event_per_send(autojump_clock: trio.testing.MockClock) -> None:
     engine = ScriptedEngine(token_delay=1.0)
     plan = plan_for(engine, b'{"prompt": "x", "max_tokens": 5, "ignore_eos": true, "stream": true}')
-    body = CompletionStream(CompletionRun(engine, plan, Metrics(), Settings(heartbeat=15)), StreamMerger(plan, engine.tokenizer))
+    body = CompletionStream(
+        CompletionRun(engine, plan, Metrics(), Settings(heartbeat=15)), StreamMerger(plan, engine.tokenizer)
+    )
     sends = await _drain(body)
     assert [len(parse_sse(s)) for s in sends] == [1, 1, 1, 1, 1, 1]  # 5 tokens, then [DONE]
 
@@ -84,7 +95,9 @@ async def test_idle_stream_sends_one_event_per_send(autojump_clock: trio.testing
 async def test_cancelled_body_aborts_and_writes_nothing_more(autojump_clock: trio.testing.MockClock) -> None:
     engine = ScriptedEngine(token_delay=0.1)
     plan = plan_for(engine, b'{"prompt": ["a","b","c"], "max_tokens": 100, "ignore_eos": true, "stream": true}')
-    body = CompletionStream(CompletionRun(engine, plan, Metrics(), Settings(heartbeat=15)), StreamMerger(plan, engine.tokenizer))
+    body = CompletionStream(
+        CompletionRun(engine, plan, Metrics(), Settings(heartbeat=15)), StreamMerger(plan, engine.tokenizer)
+    )
     sends: list[bytes] = []
     with trio.move_on_after(1.05):  # a client disconnect reaches the body as cancellation
         async with body as b:
@@ -117,7 +130,9 @@ async def test_an_idle_stream_pings_once_per_heartbeat_and_a_stale_tick_is_ignor
 async def test_a_finished_run_stops_its_heartbeat_clock(autojump_clock: trio.testing.MockClock) -> None:
     engine = ScriptedEngine(token_delay=0.0)
     plan = plan_for(engine, b'{"prompt": "x", "max_tokens": 3, "stream": true}')
-    body = CompletionStream(CompletionRun(engine, plan, Metrics(), Settings(heartbeat=1000)), StreamMerger(plan, engine.tokenizer))
+    body = CompletionStream(
+        CompletionRun(engine, plan, Metrics(), Settings(heartbeat=1000)), StreamMerger(plan, engine.tokenizer)
+    )
     with trio.fail_after(100):  # a clock that outlived the drivers would keep the run open
         await _drain(body)
 

@@ -116,7 +116,9 @@ async def test_idle_stream_sends_heartbeat_comments(nursery: trio.Nursery) -> No
     # tokens 0.3 s apart, heartbeat 0.05 s: a ping comes in each gap unless the loop stalls
     srv = await start_server(nursery, token_delay=0.3, heartbeat=0.05)
     async with httpx.AsyncClient(base_url=srv.url) as client:
-        async with client.stream("POST", "/v1/completions", json={"prompt": "x", "stream": True, "max_tokens": 3, "ignore_eos": True}) as r:
+        async with client.stream(
+            "POST", "/v1/completions", json={"prompt": "x", "stream": True, "max_tokens": 3, "ignore_eos": True}
+        ) as r:
             events = parse_sse(await r.aread())
     assert ":" in events and events[-1] == "[DONE]"
     assert sum(1 for e in events if isinstance(e, dict)) == 3
@@ -126,7 +128,9 @@ async def test_idle_stream_sends_heartbeat_comments(nursery: trio.Nursery) -> No
 async def test_drain_refuses_new_work_then_cancels_in_flight_streams(nursery: trio.Nursery) -> None:
     srv = await start_server(nursery, token_delay=0.01)  # graceful_timeout is 1 s
     async with httpx.AsyncClient(base_url=srv.url) as client:
-        async with client.stream("POST", "/v1/completions", json={"prompt": PROMPTS_64[:8], "stream": True, **LONG}) as r:
+        async with client.stream(
+            "POST", "/v1/completions", json={"prompt": PROMPTS_64[:8], "stream": True, **LONG}
+        ) as r:
             chunks = r.aiter_raw()
             await _stream_events_until(chunks, 10)
             srv.shutdown.set()
@@ -179,7 +183,9 @@ async def test_quarts_response_timeout_does_not_cut_streams(nursery: trio.Nurser
     srv = await start_server(nursery, token_delay=0.05)
     srv.app.config["RESPONSE_TIMEOUT"] = 0.2
     async with httpx.AsyncClient(base_url=srv.url) as client:
-        async with client.stream("POST", "/v1/completions", json={"prompt": "x", "stream": True, "max_tokens": 10, "ignore_eos": True}) as r:
+        async with client.stream(
+            "POST", "/v1/completions", json={"prompt": "x", "stream": True, "max_tokens": 10, "ignore_eos": True}
+        ) as r:
             events = parse_sse(await r.aread())
     assert events[-1] == "[DONE]" and sum(1 for e in events if isinstance(e, dict)) == 10
     srv.shutdown.set()

@@ -10,7 +10,9 @@ from tests.helpers import LiveServer, RecordingTokenizer, big_batch, parse_sse, 
 pytestmark = pytest.mark.usefixtures("server")
 
 
-async def test_batch_json_returns_choices_in_prompt_order_with_summed_usage(client: httpx.AsyncClient, server: LiveServer) -> None:
+async def test_batch_json_returns_choices_in_prompt_order_with_summed_usage(
+    client: httpx.AsyncClient, server: LiveServer
+) -> None:
     body = {"model": "scripted", "prompt": ["Hello", "World"], "max_tokens": 4, "temperature": 0}
     r = await client.post("/v1/completions", json=body)
     assert r.status_code == 200, r.text
@@ -63,7 +65,9 @@ async def test_batch_stream_indices_one_usage_chunk_one_done(client: httpx.Async
     for c in whole["choices"]:
         streamed = "".join(e["choices"][0]["text"] for e in chunks if e["choices"][0]["index"] == c["index"])
         assert streamed == c["text"]
-    assert usage_events[0]["usage"] == {k: whole["usage"][k] for k in ("prompt_tokens", "total_tokens", "completion_tokens")}
+    assert usage_events[0]["usage"] == {
+        k: whole["usage"][k] for k in ("prompt_tokens", "total_tokens", "completion_tokens")
+    }
 
 
 async def test_n_and_token_id_batches_use_global_indices(client: httpx.AsyncClient) -> None:
@@ -93,7 +97,11 @@ async def test_streamed_echo_offsets_match_non_streamed(client: httpx.AsyncClien
     async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
         events = parse_sse(await r.aread())
     for c in whole["choices"]:
-        parts = [e["choices"][0] for e in events if isinstance(e, dict) and e["choices"] and e["choices"][0]["index"] == c["index"]]
+        parts = [
+            e["choices"][0]
+            for e in events
+            if isinstance(e, dict) and e["choices"] and e["choices"][0]["index"] == c["index"]
+        ]
         assert "".join(p["text"] for p in parts) == c["text"]
         assert [o for p in parts for o in p["logprobs"]["text_offset"]] == c["logprobs"]["text_offset"]
         assert [t for p in parts for t in p["logprobs"]["tokens"]] == c["logprobs"]["tokens"]
@@ -147,7 +155,9 @@ async def test_bad_input_is_a_400_in_vllm_error_shape(
     client: httpx.AsyncClient, server: LiveServer, body: dict, type_: str, param: str | None
 ) -> None:
     for stream in (False, True):
-        r = await client.post("/v1/completions", json={**body, "stream": stream} if stream and "stream_options" not in body else body)
+        r = await client.post(
+            "/v1/completions", json={**body, "stream": stream} if stream and "stream_options" not in body else body
+        )
         assert r.status_code == 400, r.text
         assert r.headers["content-type"] == "application/json"
         err = r.json()["error"]
@@ -167,7 +177,9 @@ async def test_bad_input_is_a_400_in_vllm_error_shape(
         (b'"x"', "body"),
     ],
 )
-async def test_malformed_json_is_a_schema_error_at_vllms_location(client: httpx.AsyncClient, content: bytes, param: str) -> None:
+async def test_malformed_json_is_a_schema_error_at_vllms_location(
+    client: httpx.AsyncClient, content: bytes, param: str
+) -> None:
     r = await client.post("/v1/completions", content=content, headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.headers["content-type"] == "application/json"
     err = r.json()["error"]
@@ -196,7 +208,10 @@ async def test_a_prompt_that_leaves_less_room_than_max_tokens_stops_at_the_conte
     assert r.status_code == 200, r.text
     data = r.json()
     # scripted tokens are one character each, and with ignore_eos none is EOS
-    assert [(c["index"], len(c["text"]), c["finish_reason"]) for c in data["choices"]] == [(0, 3, "length"), (1, 16, "length")]
+    assert [(c["index"], len(c["text"]), c["finish_reason"]) for c in data["choices"]] == [
+        (0, 3, "length"),
+        (1, 16, "length"),
+    ]
     assert data["usage"]["prompt_tokens"] == 2045 + 6
     assert data["usage"]["completion_tokens"] == 3 + 16
     async with client.stream("POST", "/v1/completions", json={**body, "stream": True, "return_token_ids": True}) as r:
@@ -208,14 +223,21 @@ async def test_a_prompt_that_leaves_less_room_than_max_tokens_stops_at_the_conte
         parts = [c for c in chunks if c["index"] == index]
         assert sum(len(c["token_ids"]) for c in parts) == tokens
         assert [c["finish_reason"] for c in parts] == [None] * (len(parts) - 1) + ["length"]
-        assert "".join(c["text"] for c in parts) == data["choices"][index]["text"]  # the scripted engine is deterministic
+        assert (
+            "".join(c["text"] for c in parts) == data["choices"][index]["text"]
+        )  # the scripted engine is deterministic
     assert server.engine.finished_total == 4 and server.engine.in_flight == 0
 
 
 async def test_unknown_model_is_404(client: httpx.AsyncClient) -> None:
     r = await client.post("/v1/completions", json={"model": "nope", "prompt": "x"})
     assert r.status_code == 404
-    assert r.json()["error"] == {"message": "The model `nope` does not exist.", "type": "NotFoundError", "param": "model", "code": 404}
+    assert r.json()["error"] == {
+        "message": "The model `nope` does not exist.",
+        "type": "NotFoundError",
+        "param": "model",
+        "code": 404,
+    }
 
 
 async def test_unknown_route_and_method_are_json(client: httpx.AsyncClient) -> None:
@@ -251,7 +273,9 @@ async def test_models_health_version_metrics(client: httpx.AsyncClient) -> None:
     assert "braid_engine_requests_total 3.0" in text
 
 
-async def test_requests_sharing_a_client_id_get_distinct_engine_ids(client: httpx.AsyncClient, server: LiveServer) -> None:
+async def test_requests_sharing_a_client_id_get_distinct_engine_ids(
+    client: httpx.AsyncClient, server: LiveServer
+) -> None:
     """The response id may be the client's own; the ids a batch abort names must not be shared."""
     body = {"prompt": ["a", "b"], "max_tokens": 2000, "ignore_eos": True, "stream": True}
     headers = {"X-Request-Id": "same"}
@@ -268,7 +292,9 @@ async def test_requests_sharing_a_client_id_get_distinct_engine_ids(client: http
     assert not set(first) & set(second)
 
 
-async def test_a_large_text_batch_is_tokenized_off_the_trio_thread(client: httpx.AsyncClient, server: LiveServer) -> None:
+async def test_a_large_text_batch_is_tokenized_off_the_trio_thread(
+    client: httpx.AsyncClient, server: LiveServer
+) -> None:
     tok = RecordingTokenizer()
     server.engine.tokenizer = tok
     prompts = big_batch(32)
@@ -286,7 +312,9 @@ async def test_a_large_text_batch_is_tokenized_off_the_trio_thread(client: httpx
     assert all(texts[i].startswith(p) for i, p in enumerate(prompts))  # each echo is its own prompt
 
 
-async def test_a_text_over_the_character_bound_is_refused_without_tokenizing(client: httpx.AsyncClient, server: LiveServer) -> None:
+async def test_a_text_over_the_character_bound_is_refused_without_tokenizing(
+    client: httpx.AsyncClient, server: LiveServer
+) -> None:
     tok = RecordingTokenizer()
     server.engine.tokenizer = tok
     bound = server.engine.info.max_model_len * tok.max_chars_per_token
@@ -305,7 +333,9 @@ async def test_enabled_prompt_tokens_details_sum_the_cached_tokens_of_a_batch(nu
         whole = await c.post("/v1/completions", json={"prompt": batch, "max_tokens": 2})
         # 32 (the last block holds the last token), 16, 0, 48; vLLM 0.32 reports one prompt's
         assert whole.json()["usage"]["prompt_tokens_details"] == {
-            "cached_tokens": 32 + 16 + 0 + 48, "created_cache_tokens": None, "multimodal_tokens": None,
+            "cached_tokens": 32 + 16 + 0 + 48,
+            "created_cache_tokens": None,
+            "multimodal_tokens": None,
         }
         body = {"prompt": batch, "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}
         events = parse_sse((await c.post("/v1/completions", json=body)).content)

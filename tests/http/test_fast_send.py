@@ -190,8 +190,14 @@ def test_fast_send_swaps_hypercorns_server_class_and_restores_it() -> None:
 
 
 async def test_a_served_stream_is_the_same_with_and_without_fast_send(nursery: trio.Nursery) -> None:
-    body = {"prompt": ["a", "b"], "stream": True, "max_tokens": 40, "ignore_eos": True, "seed": 1,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "prompt": ["a", "b"],
+        "stream": True,
+        "max_tokens": 40,
+        "ignore_eos": True,
+        "seed": 1,
+        "stream_options": {"include_usage": True},
+    }
 
     async def fetch(fast: bool) -> list[object]:
         srv = await start_server(nursery, fast_send=fast)

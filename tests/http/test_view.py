@@ -127,7 +127,9 @@ async def test_cancellation_propagates_after_every_engine_request_is_aborted() -
 
 class _BrokenEngine(ScriptedEngine):
     @asynccontextmanager
-    async def open_request(self, request: EngineRequest, on_failure: object = None) -> AsyncIterator[AsyncIterator[EngineOutput]]:
+    async def open_request(
+        self, request: EngineRequest, on_failure: object = None
+    ) -> AsyncIterator[AsyncIterator[EngineOutput]]:
         raise RuntimeError("a bug")
         yield  # pragma: no cover
 

@@ -68,7 +68,7 @@ DEVIATIONS: dict[str, Deviation] = {
     for d in (
         Deviation(
             "strict_types",
-            "JSON values of the wrong type (a float token id 2.0, max_tokens \"5\", n 1.0) are refused, not coerced",
+            'JSON values of the wrong type (a float token id 2.0, max_tokens "5", n 1.0) are refused, not coerced',
             _views(_strict_types),
         ),
         Deviation(

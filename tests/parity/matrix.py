@@ -57,12 +57,17 @@ def _cases() -> list[Case]:
     add("list of token-id lists", "shapes", _req(prompt=IDS2))
     add("one-element list of strings", "shapes", _req(prompt=[TEXT]))
     add("one-element list of token ids", "shapes", _req(prompt=[IDS]))
-    add("strings of different lengths", "shapes", _req(prompt=TEXTS4 + [TEXT, TEXT2, "x", "if __name__ == '__main__':"]))
+    add(
+        "strings of different lengths", "shapes", _req(prompt=TEXTS4 + [TEXT, TEXT2, "x", "if __name__ == '__main__':"])
+    )
     add("duplicate prompts", "shapes", _req(prompt=[TEXT, TEXT, TEXT]))
     add("digit strings stay text", "shapes", _req(prompt=["1", "2"]))
     add("1024 prompts", "shapes", _req(prompt=[f"x = {i}" for i in range(1024)], max_tokens=2))
-    add("1024 token-id prompts, streamed", "shapes",
-        _req(prompt=[[100 + i % 1000, 7 + i % 50] for i in range(1024)], max_tokens=2, stream=True))
+    add(
+        "1024 token-id prompts, streamed",
+        "shapes",
+        _req(prompt=[[100 + i % 1000, 7 + i % 50] for i in range(1024)], max_tokens=2, stream=True),
+    )
     # -- n and seeds
     add("n=3 seeded", "n", _req(prompt=TEXT, n=3, temperature=0.8, seed=7))
     add("n=3 seeded batch", "n", _req(prompt=[TEXT, TEXT2], n=3, temperature=0.8, seed=11))
@@ -81,51 +86,82 @@ def _cases() -> list[Case]:
     add("ignore_eos and min_tokens", "max_tokens", _req(prompt=TEXTS4, max_tokens=24, min_tokens=20))
     # -- stop strings and stop token ids
     add("stop string", "stop", _req(prompt=TEXTS4, max_tokens=24, stop=["\n"]))
-    add("stop strings, included in output", "stop",
-        _req(prompt=TEXTS4, max_tokens=24, stop=["(", ":"], include_stop_str_in_output=True))
+    add(
+        "stop strings, included in output",
+        "stop",
+        _req(prompt=TEXTS4, max_tokens=24, stop=["(", ":"], include_stop_str_in_output=True),
+    )
     add("stop string, streamed", "stop", _req(prompt=TEXTS4, max_tokens=24, stop=["\n", " = "], stream=True))
     add("stop token ids", "stop", _req(prompt=TEXTS4, max_tokens=24, stop_token_ids=[13, 30, 198]))
-    add("stop token ids, streamed", "stop", _req(prompt=TEXTS4, max_tokens=24, stop_token_ids=[13, 30, 198], stream=True))
+    add(
+        "stop token ids, streamed",
+        "stop",
+        _req(prompt=TEXTS4, max_tokens=24, stop_token_ids=[13, 30, 198], stream=True),
+    )
     # -- echo x logprobs x single/multi-token prompts
     for echo in (False, True):
         for lp in (0, 1, 5):
             for label, prompt in (("one-token", SINGLE), ("multi-token", TEXT)):
-                add(f"echo={str(echo).lower()} logprobs={lp} {label}", "echo/logprobs",
-                    _req(prompt=prompt, echo=echo, logprobs=lp, max_tokens=4))
+                add(
+                    f"echo={str(echo).lower()} logprobs={lp} {label}",
+                    "echo/logprobs",
+                    _req(prompt=prompt, echo=echo, logprobs=lp, max_tokens=4),
+                )
     add("logprobs on a batch", "echo/logprobs", _req(prompt=TEXTS4, logprobs=2, max_tokens=4))
     add("echo on token ids", "echo/logprobs", _req(prompt=IDS2, echo=True, max_tokens=3))
     # -- prompt_logprobs
     add("prompt_logprobs=1", "prompt_logprobs", _req(prompt=[TEXT, TEXT2], prompt_logprobs=1, max_tokens=2))
     add("prompt_logprobs=0", "prompt_logprobs", _req(prompt=TEXT, prompt_logprobs=0, max_tokens=2))
-    add("prompt_logprobs=3 with echo and logprobs", "prompt_logprobs",
-        _req(prompt=TEXT, prompt_logprobs=3, echo=True, logprobs=1, max_tokens=2))
+    add(
+        "prompt_logprobs=3 with echo and logprobs",
+        "prompt_logprobs",
+        _req(prompt=TEXT, prompt_logprobs=3, echo=True, logprobs=1, max_tokens=2),
+    )
     # -- streams
     add("stream", "stream", _req(prompt=TEXT, stream=True))
     add("stream batch", "stream", _req(prompt=TEXTS4, stream=True, max_tokens=12))
     add("stream include_usage", "stream", _req(prompt=TEXTS4, stream=True, stream_options={"include_usage": True}))
-    add("stream include_usage + continuous_usage_stats", "stream",
-        _req(prompt=TEXTS4, stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True}))
-    add("stream continuous_usage_stats alone", "stream",
-        _req(prompt=TEXT, stream=True, stream_options={"continuous_usage_stats": True}))
+    add(
+        "stream include_usage + continuous_usage_stats",
+        "stream",
+        _req(prompt=TEXTS4, stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True}),
+    )
+    add(
+        "stream continuous_usage_stats alone",
+        "stream",
+        _req(prompt=TEXT, stream=True, stream_options={"continuous_usage_stats": True}),
+    )
     add("stream_options {}", "stream", _req(prompt=TEXT, stream=True, stream_options={}))
     add("stream include_usage false", "stream", _req(prompt=TEXT, stream=True, stream_options={"include_usage": False}))
     add("stream logprobs batch", "stream", _req(prompt=TEXTS4, stream=True, logprobs=2, max_tokens=6))
     add("stream echo", "stream", _req(prompt=[TEXT, TEXT2], stream=True, echo=True, max_tokens=4))
     add("stream echo on token ids", "stream", _req(prompt=IDS2, stream=True, echo=True, max_tokens=4))
-    add("stream echo + logprobs, one-token prompt", "stream",
-        _req(prompt=SINGLE, stream=True, echo=True, logprobs=1, max_tokens=4))
-    add("stream echo + logprobs, text prompt", "stream",
-        _req(prompt=TEXT, stream=True, echo=True, logprobs=1, max_tokens=12))
-    add("stream echo max_tokens 0", "stream",
-        _req(prompt=[TEXT, TEXT2], stream=True, echo=True, max_tokens=0, stream_options={"include_usage": True}))
+    add(
+        "stream echo + logprobs, one-token prompt",
+        "stream",
+        _req(prompt=SINGLE, stream=True, echo=True, logprobs=1, max_tokens=4),
+    )
+    add(
+        "stream echo + logprobs, text prompt",
+        "stream",
+        _req(prompt=TEXT, stream=True, echo=True, logprobs=1, max_tokens=12),
+    )
+    add(
+        "stream echo max_tokens 0",
+        "stream",
+        _req(prompt=[TEXT, TEXT2], stream=True, echo=True, max_tokens=0, stream_options={"include_usage": True}),
+    )
     # -- return_token_ids
     add("return_token_ids", "return_token_ids", _req(prompt=[TEXT, TEXT2], return_token_ids=True))
     add("return_token_ids on token ids", "return_token_ids", _req(prompt=IDS2, return_token_ids=True))
     add("return_token_ids streamed", "return_token_ids", _req(prompt=[TEXT, TEXT2], return_token_ids=True, stream=True))
     add("return_token_ids with echo", "return_token_ids", _req(prompt=TEXT, return_token_ids=True, echo=True))
     # -- other sampling fields honoured by both
-    add("seeded repetition/presence penalties", "sampling",
-        _req(prompt=TEXT2, temperature=0.9, seed=1, repetition_penalty=1.3, presence_penalty=0.5, max_tokens=12))
+    add(
+        "seeded repetition/presence penalties",
+        "sampling",
+        _req(prompt=TEXT2, temperature=0.9, seed=1, repetition_penalty=1.3, presence_penalty=0.5, max_tokens=12),
+    )
     add("skip_special_tokens false", "sampling", _req(prompt=TEXT, skip_special_tokens=False, max_tokens=24))
     add("logit_bias", "sampling", _req(prompt=TEXT, logit_bias={"300": 100}, max_tokens=4))
     add("unknown fields are ignored", "sampling", _req(prompt=TEXT, user="u-1", some_unknown_field=3))
@@ -138,52 +174,94 @@ def _cases() -> list[Case]:
     add("prompt [[]] streamed", "errors", _req(prompt=[[]], stream=True), deviation="eager_validation")
     add('mixed list [1, "a"]', "errors", _req(prompt=[1, "a"]))
     add('mixed list [[1], "a"]', "errors", _req(prompt=[[1], "a"]))
-    add("nested strings [[\"a\"]]", "errors", _req(prompt=[["a"]]))
+    add('nested strings [["a"]]', "errors", _req(prompt=[["a"]]))
     add("prompt is a number", "errors", _req(prompt=3))
     add("negative id [-1]", "errors", _req(prompt=[-1]))
     add("negative id [[5], [-1]]", "errors", _req(prompt=[[5], [-1]]))
     add("out-of-vocabulary id", "errors", _req(prompt=[999999]))
     add("out-of-vocabulary id in a batch", "errors", _req(prompt=[[5], [5, 2048]]))
-    add("out-of-vocabulary id, streamed", "errors", _req(prompt=[[5], [999999]], stream=True),
-        deviation="eager_validation")
+    add(
+        "out-of-vocabulary id, streamed",
+        "errors",
+        _req(prompt=[[5], [999999]], stream=True),
+        deviation="eager_validation",
+    )
     add("float token id 2.0", "errors", _req(prompt=[1, 2.0]), deviation="strict_types")
     # vLLM 0.32 shrinks max_tokens to the room a prompt leaves, and refuses only a prompt that
     # leaves none (max_model_len is 1024)
     add("prompt near the context: max_tokens shrinks", "max_tokens", _req(prompt=list(range(3, 1023)), max_tokens=16))
-    add("prompt near the context in a streamed batch", "max_tokens",
-        _req(prompt=[[5], list(range(3, 1023))], max_tokens=16, stream=True))
+    add(
+        "prompt near the context in a streamed batch",
+        "max_tokens",
+        _req(prompt=[[5], list(range(3, 1023))], max_tokens=16, stream=True),
+    )
     add("min_tokens over max_tokens", "errors", _req(prompt=TEXT, max_tokens=4, min_tokens=5))
-    add("min_tokens over the shrunk max_tokens", "errors",
-        _req(prompt=list(range(3, 1023)), max_tokens=16, min_tokens=10))
+    add(
+        "min_tokens over the shrunk max_tokens",
+        "errors",
+        _req(prompt=list(range(3, 1023)), max_tokens=16, min_tokens=10),
+    )
     add("too-long prompt", "errors", _req(prompt=list(range(3, 1033)), max_tokens=16))
-    add("too-long prompt in a batch, streamed", "errors",
-        _req(prompt=[[5], list(range(3, 1033))], max_tokens=16, stream=True))
+    add(
+        "too-long prompt in a batch, streamed",
+        "errors",
+        _req(prompt=[[5], list(range(3, 1033))], max_tokens=16, stream=True),
+    )
     add("prompt fills the context", "errors", _req(prompt=list(range(3, 1027)), max_tokens=16))
-    add("prompt fills the context, echo max_tokens 0", "errors",
-        _req(prompt=list(range(3, 1027)), max_tokens=0, echo=True))
-    add("prompt fills the context, echo max_tokens 0, streamed", "errors",
-        _req(prompt=list(range(3, 1027)), max_tokens=0, echo=True, stream=True), deviation="eager_validation")
+    add(
+        "prompt fills the context, echo max_tokens 0",
+        "errors",
+        _req(prompt=list(range(3, 1027)), max_tokens=0, echo=True),
+    )
+    add(
+        "prompt fills the context, echo max_tokens 0, streamed",
+        "errors",
+        _req(prompt=list(range(3, 1027)), max_tokens=0, echo=True, stream=True),
+        deviation="eager_validation",
+    )
     # -- truncate_prompt_tokens and the text-length bound (vLLM 0.32's TokenizeParams rules)
     long_ids = list(range(3, 1103))  # 1100 tokens
-    add("truncate token ids", "truncation",
-        _req(prompt=IDS2, truncate_prompt_tokens=2, echo=True, return_token_ids=True, max_tokens=2))
-    add("truncate token ids from the right", "truncation",
-        _req(prompt=IDS2, truncate_prompt_tokens=2, truncation_side="right", return_token_ids=True, max_tokens=2))
+    add(
+        "truncate token ids",
+        "truncation",
+        _req(prompt=IDS2, truncate_prompt_tokens=2, echo=True, return_token_ids=True, max_tokens=2),
+    )
+    add(
+        "truncate token ids from the right",
+        "truncation",
+        _req(prompt=IDS2, truncate_prompt_tokens=2, truncation_side="right", return_token_ids=True, max_tokens=2),
+    )
     add("truncate a text, echoed", "truncation", _req(prompt=TEXT, truncate_prompt_tokens=3, echo=True, max_tokens=2))
-    add("truncate a text from the left side", "truncation",
-        _req(prompt=TEXT, truncate_prompt_tokens=3, truncation_side="left", return_token_ids=True, max_tokens=2))
-    add("truncate a text, echoed with logprobs", "truncation",
-        _req(prompt=TEXT, truncate_prompt_tokens=3, echo=True, logprobs=1, max_tokens=2))
-    add("truncate -1: the context less one", "truncation", _req(prompt=long_ids, truncate_prompt_tokens=-1, max_tokens=5))
-    add("truncate over the room max_tokens leaves", "truncation",
-        _req(prompt=list(range(3, 103)), truncate_prompt_tokens=1000, max_tokens=100, ignore_eos=True))
+    add(
+        "truncate a text from the left side",
+        "truncation",
+        _req(prompt=TEXT, truncate_prompt_tokens=3, truncation_side="left", return_token_ids=True, max_tokens=2),
+    )
+    add(
+        "truncate a text, echoed with logprobs",
+        "truncation",
+        _req(prompt=TEXT, truncate_prompt_tokens=3, echo=True, logprobs=1, max_tokens=2),
+    )
+    add(
+        "truncate -1: the context less one",
+        "truncation",
+        _req(prompt=long_ids, truncate_prompt_tokens=-1, max_tokens=5),
+    )
+    add(
+        "truncate over the room max_tokens leaves",
+        "truncation",
+        _req(prompt=list(range(3, 103)), truncate_prompt_tokens=1000, max_tokens=100, ignore_eos=True),
+    )
     add("truncate to the whole context", "errors", _req(prompt=long_ids, truncate_prompt_tokens=1024, max_tokens=5))
     add("truncate over the context", "errors", _req(prompt=long_ids, truncate_prompt_tokens=1025, max_tokens=5))
     add("truncation_side not left or right", "errors", _req(prompt=IDS, truncation_side="middle"))
     add("text over the character bound", "errors", _req(prompt="x" * 40000, max_tokens=5))
     add("text over the character bound in a batch", "errors", _req(prompt=[TEXT, "x" * 40000], max_tokens=5))
-    add("text over the character bound, truncated", "truncation",
-        _req(prompt="x" * 40000, truncate_prompt_tokens=10, max_tokens=3))
+    add(
+        "text over the character bound, truncated",
+        "truncation",
+        _req(prompt="x" * 40000, truncate_prompt_tokens=10, max_tokens=3),
+    )
     add("max_tokens over the context", "errors", _req(prompt=TEXT, max_tokens=5000))
     add("max_tokens 0 without echo", "errors", _req(prompt=TEXT, max_tokens=0))
     add("max_tokens -1", "errors", _req(prompt=TEXT, max_tokens=-1))
@@ -193,12 +271,19 @@ def _cases() -> list[Case]:
     add("top_p 0", "errors", _req(prompt=TEXT, top_p=0, temperature=1.0))
     add("suffix", "errors", _req(prompt=TEXT, suffix="x"))
     add("stream_options without stream", "errors", _req(prompt=TEXT, stream_options={"include_usage": True}))
-    add("stream_options with stream false", "errors",
-        _req(prompt=TEXT, stream=False, stream_options={"include_usage": True}))
+    add(
+        "stream_options with stream false",
+        "errors",
+        _req(prompt=TEXT, stream=False, stream_options={"include_usage": True}),
+    )
     add("prompt_logprobs with stream", "errors", _req(prompt=TEXT, prompt_logprobs=1, stream=True))
     add("logprobs over the maximum", "errors", _req(prompt=TEXT, logprobs=30))
-    add("logprobs over the maximum, streamed", "errors", _req(prompt=TEXT, logprobs=30, stream=True),
-        deviation="eager_validation")
+    add(
+        "logprobs over the maximum, streamed",
+        "errors",
+        _req(prompt=TEXT, logprobs=30, stream=True),
+        deviation="eager_validation",
+    )
     add("stop holds an empty string", "errors", _req(prompt=TEXT, stop=["a", ""]))
     add("1025 prompts", "errors", _req(prompt=["x"] * 1025))
     add("n is a string", "errors", _req(prompt=TEXT, n="two"))

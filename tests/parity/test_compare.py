@@ -45,7 +45,9 @@ def test_floats_within_tolerance_match_and_beyond_do_not() -> None:
 
 def test_errors_compare_type_param_code_not_message() -> None:
     def err(msg: str, param: str | None) -> Reply:
-        return Reply(400, "application/json", {"error": {"message": msg, "type": "BadRequestError", "param": param, "code": 400}})
+        return Reply(
+            400, "application/json", {"error": {"message": msg, "type": "BadRequestError", "param": param, "code": 400}}
+        )
 
     assert diff(view(err("one wording", "n")), view(err("another", "n"))) == []
     assert diff(view(err("same", "n")), view(err("same", "prompt")))
@@ -53,7 +55,9 @@ def test_errors_compare_type_param_code_not_message() -> None:
 
 
 def test_streams_compare_per_index_concatenation_not_chunk_boundaries() -> None:
-    a = _stream(_chunk(0, "he"), _chunk(1, "x"), _chunk(0, "llo", "length"), _chunk(1, "y", "stop"), b"data: [DONE]\n\n")
+    a = _stream(
+        _chunk(0, "he"), _chunk(1, "x"), _chunk(0, "llo", "length"), _chunk(1, "y", "stop"), b"data: [DONE]\n\n"
+    )
     b = _stream(_chunk(1, "xy", "stop"), _chunk(0, "hello", "length"), b"data: [DONE]\n\n")
     assert diff(view(a), view(b)) == []
     c = _stream(_chunk(1, "xy", "stop"), _chunk(0, "hello", "length"), b"data: [DONE]\n\n", b"data: [DONE]\n\n")

@@ -22,7 +22,14 @@ pytestmark = pytest.mark.vllm
 
 @pytest.fixture(scope="module")
 def asyncio_server(vllm_server: VllmServer) -> Iterator[VllmServer]:
-    with run_braid("--fault-hooks", "--engine-client", "asyncio", "--enable-prompt-tokens-details", seed=0, log=Path("/tmp/braid-vllm-asyncio.log")) as server:
+    with run_braid(
+        "--fault-hooks",
+        "--engine-client",
+        "asyncio",
+        "--enable-prompt-tokens-details",
+        seed=0,
+        log=Path("/tmp/braid-vllm-asyncio.log"),
+    ) as server:
         yield VllmServer(server)
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(60) == 0
@@ -31,8 +38,14 @@ def asyncio_server(vllm_server: VllmServer) -> Iterator[VllmServer]:
 # Greedy: the tier's shared server has served other tests, so its prefix cache differs from the
 # fresh one's, and a cached prefix gives slightly different float32 logits. Sampled tokens can
 # then differ at temperature 1; greedy ones do not, and logprobs agree to a few decimals.
-BATCH = {"prompt": ["def main(", "import os\n", "class Foo", "x = 1\n"], "max_tokens": 10, "temperature": 0,
-         "logprobs": 2, "echo": True, "stop": ["\n\n"]}
+BATCH = {
+    "prompt": ["def main(", "import os\n", "class Foo", "x = 1\n"],
+    "max_tokens": 10,
+    "temperature": 0,
+    "logprobs": 2,
+    "echo": True,
+    "stop": ["\n\n"],
+}
 
 
 def _post(server: VllmServer, body: dict[str, object]) -> httpx.Response:
@@ -77,7 +90,9 @@ def test_both_clients_stream_alike(vllm_server: VllmServer, asyncio_server: Vllm
     body = {**BATCH, "stream": True, "stream_options": {"include_usage": True}}
     streams = []
     for server in (vllm_server, asyncio_server):
-        with httpx.stream("POST", server.url + "/v1/completions", json={"model": server.model, **body}, timeout=60) as r:
+        with httpx.stream(
+            "POST", server.url + "/v1/completions", json={"model": server.model, **body}, timeout=60
+        ) as r:
             events = parse_sse(r.read())
         assert events[-1] == "[DONE]"
         # How deltas are cut into events depends on timing (a lagging reader gets merged deltas).
@@ -95,7 +110,9 @@ def test_both_clients_fan_out_n2(vllm_server: VllmServer, asyncio_server: VllmSe
         r = _post(server, body)
         assert r.status_code == 200
         j = r.json()
-        results.append(([(c["index"], c["finish_reason"], len(c["logprobs"]["tokens"])) for c in j["choices"]], _usage(j["usage"])))
+        results.append(
+            ([(c["index"], c["finish_reason"], len(c["logprobs"]["tokens"])) for c in j["choices"]], _usage(j["usage"]))
+        )
     assert results[0] == results[1]
     assert [i for i, _, _ in results[0][0]] == [0, 1, 2, 3]
 
@@ -116,10 +133,22 @@ def test_cached_tokens_are_summed_over_a_batch(asyncio_server: VllmServer) -> No
     usage = _post(asyncio_server, batch).json()["usage"]
     assert usage["prompt_tokens"] == 300 + 301 + 200
     # 256 + 256 + 0; vLLM's own server reports one prompt's value (256)
-    assert usage["prompt_tokens_details"] == {"cached_tokens": 512, "created_cache_tokens": None, "multimodal_tokens": None}
-    with httpx.stream("POST", asyncio_server.url + "/v1/completions", timeout=60, json={
-        "model": asyncio_server.model, **batch, "stream": True, "stream_options": {"include_usage": True},
-    }) as r:
+    assert usage["prompt_tokens_details"] == {
+        "cached_tokens": 512,
+        "created_cache_tokens": None,
+        "multimodal_tokens": None,
+    }
+    with httpx.stream(
+        "POST",
+        asyncio_server.url + "/v1/completions",
+        timeout=60,
+        json={
+            "model": asyncio_server.model,
+            **batch,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    ) as r:
         events = parse_sse(r.read())
     # the batch was read once before: now its fresh prompt's first block is cached too
     assert events[-2]["usage"]["prompt_tokens_details"] == {"cached_tokens": 512 + 128}  # type: ignore[index]

@@ -44,8 +44,14 @@ def test_token_id_batch(client: openai.OpenAI, vllm_server: VllmServer) -> None:
 def test_streaming_with_usage_and_greedy_determinism(client: openai.OpenAI, vllm_server: VllmServer) -> None:
     prompts = ["def main(", "import os\n", "class Foo"]
     whole = client.completions.create(model=vllm_server.model, prompt=prompts, max_tokens=12, temperature=0)
-    body = {"model": vllm_server.model, "prompt": prompts, "max_tokens": 12, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": vllm_server.model,
+        "prompt": prompts,
+        "max_tokens": 12,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with httpx.stream("POST", vllm_server.url + "/v1/completions", json=body, timeout=60) as r:
         events = parse_sse(r.read())
     assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
@@ -53,13 +59,19 @@ def test_streaming_with_usage_and_greedy_determinism(client: openai.OpenAI, vllm
     assert len(usage) == 1 and events[-2] is usage[0]
     assert whole.usage is not None and usage[0]["usage"]["completion_tokens"] == whole.usage.completion_tokens
     for c in whole.choices:
-        parts = [e["choices"][0] for e in events if isinstance(e, dict) and e["choices"] and e["choices"][0]["index"] == c.index]
+        parts = [
+            e["choices"][0]
+            for e in events
+            if isinstance(e, dict) and e["choices"] and e["choices"][0]["index"] == c.index
+        ]
         assert "".join(p["text"] for p in parts) == c.text
         assert [p["finish_reason"] for p in parts].count(None) == len(parts) - 1
 
 
 def test_echo_logprobs_single_token_prompt(client: openai.OpenAI, vllm_server: VllmServer) -> None:
-    r = client.completions.create(model=vllm_server.model, prompt=[[42]], max_tokens=3, echo=True, logprobs=2, temperature=0)
+    r = client.completions.create(
+        model=vllm_server.model, prompt=[[42]], max_tokens=3, echo=True, logprobs=2, temperature=0
+    )
     lp = r.choices[0].logprobs
     assert lp is not None and lp.token_logprobs is not None and lp.top_logprobs is not None
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
@@ -85,8 +97,13 @@ def test_bad_input_never_reaches_the_engine(client: openai.OpenAI, vllm_server: 
 
 
 def test_disconnect_mid_stream_on_16_prompts(vllm_server: VllmServer) -> None:
-    body = {"model": vllm_server.model, "prompt": [f"x{i} = " for i in range(16)], "max_tokens": 500,
-            "ignore_eos": True, "stream": True}
+    body = {
+        "model": vllm_server.model,
+        "prompt": [f"x{i} = " for i in range(16)],
+        "max_tokens": 500,
+        "ignore_eos": True,
+        "stream": True,
+    }
     aborts_before = vllm_server.metric("braid_engine_aborts_total")
     with httpx.stream("POST", vllm_server.url + "/v1/completions", json=body, timeout=60) as r:
         seen = 0

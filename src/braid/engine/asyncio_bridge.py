@@ -201,7 +201,6 @@ class _Stream(Generic[T]):
             wakeup = self._wakeup
         wakeup.set()
 
-
     async def receive_batch(self) -> list[T]:
         """Every item that is ready (at least one); raises ``trio.EndOfChannel`` at the end.
 
@@ -241,7 +240,6 @@ class _Stream(Generic[T]):
 
     async def wait_finished(self) -> None:
         await self.finished.wait()
-
 
 
 @attrs.define(eq=False)

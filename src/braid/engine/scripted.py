@@ -118,7 +118,9 @@ def _logprob_of(*parts: object) -> float:
 def _top(token_id: int, k: int, *parts: object) -> TopLogprobs:
     """The logprobs dict at one position: the actual token first, then ``k`` ranked alternatives."""
     tok = _TOKENIZER
-    out = {token_id: Logprob(_logprob_of(token_id, *parts), 1 + int(_unit("rank", *parts) * 4), tok.token_text(token_id))}
+    out = {
+        token_id: Logprob(_logprob_of(token_id, *parts), 1 + int(_unit("rank", *parts) * 4), tok.token_text(token_id))
+    }
     rank = 1
     for alt in _ALPHABET:
         if len(out) > k:
@@ -309,12 +311,20 @@ def join_deltas(outputs: Sequence[EngineOutput]) -> EngineOutput:
     for k in sorted(parts):
         ds = parts[k]
         lps = [lp for d in ds for lp in (d.logprobs or ())] if ds[0].logprobs is not None else None
-        choices.append(ChoiceDelta(
-            k, "".join(d.text for d in ds), tuple(t for d in ds for t in d.token_ids),
-            None if lps is None else tuple(lps), ds[-1].finish_reason, ds[-1].stop_reason,
-        ))
+        choices.append(
+            ChoiceDelta(
+                k,
+                "".join(d.text for d in ds),
+                tuple(t for d in ds for t in d.token_ids),
+                None if lps is None else tuple(lps),
+                ds[-1].finish_reason,
+                ds[-1].stop_reason,
+            )
+        )
     first, last = outputs[0], outputs[-1]
-    return EngineOutput(first.prompt_token_ids, tuple(choices), last.finished, first.prompt_logprobs, first.num_cached_tokens)
+    return EngineOutput(
+        first.prompt_token_ids, tuple(choices), last.finished, first.prompt_logprobs, first.num_cached_tokens
+    )
 
 
 @attrs.define(eq=False)
@@ -388,7 +398,10 @@ class ScriptedEngine:
         text = self.tokenizer.decode(request.prompt_token_ids)
         fail = _FAIL.search(text)
         gen = _Generation(
-            request, self.token_delay, int(fail.group(1)) if fail else None, "braid:invalid" in text,
+            request,
+            self.token_delay,
+            int(fail.group(1)) if fail else None,
+            "braid:invalid" in text,
             self.prefix_cache.read(request.prompt_token_ids),
         )
 
@@ -417,7 +430,9 @@ class ScriptedEngine:
 
 
 @asynccontextmanager
-async def _on_own_clock(gen: _Generation, on_failure: FailureHandler | None) -> AsyncIterator[AsyncIterator[EngineOutput]]:
+async def _on_own_clock(
+    gen: _Generation, on_failure: FailureHandler | None
+) -> AsyncIterator[AsyncIterator[EngineOutput]]:
     """``gen`` generating in a task of its own for the duration of the block.
 
     The block's exception, or its cancellation, comes out as itself, not wrapped in the

@@ -122,7 +122,9 @@ def convert_output(ro: Any) -> EngineOutput:
         logprobs = None if o.logprobs is None else tuple(_top(d) or {} for d in o.logprobs)
         choices.append(ChoiceDelta(o.index, o.text, tuple(o.token_ids), logprobs, o.finish_reason, o.stop_reason))
     prompt_lps = None if ro.prompt_logprobs is None else tuple(_top(d) for d in ro.prompt_logprobs)
-    return EngineOutput(tuple(ro.prompt_token_ids or ()), tuple(choices), bool(ro.finished), prompt_lps, ro.num_cached_tokens)
+    return EngineOutput(
+        tuple(ro.prompt_token_ids or ()), tuple(choices), bool(ro.finished), prompt_lps, ro.num_cached_tokens
+    )
 
 
 def map_error(exc: BaseException) -> BraidError:

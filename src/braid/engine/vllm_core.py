@@ -210,7 +210,9 @@ class VllmCoreEngine:
     def _send(self, kind: Any, payload: Any) -> None:
         client = self.client
         # ZMQ queues the message (no high-water mark on these sockets), so this never blocks.
-        client.input_socket.send_multipart((client.core_engine, kind.value, *client.encoder.encode(payload)), copy=False)
+        client.input_socket.send_multipart(
+            (client.core_engine, kind.value, *client.encoder.encode(payload)), copy=False
+        )
 
     def _abort_in_core(self, ids: Sequence[str]) -> None:
         if ids and self._dead is None:
@@ -384,7 +386,9 @@ class VllmCoreEngine:
 
     async def _wait_exit(self, proc: Any, scope: trio.CancelScope) -> None:
         await trio.lowlevel.wait_readable(proc.sentinel)
-        log.error("the engine-core process %s exited (code %s); the engine is now unavailable", proc.name, proc.exitcode)
+        log.error(
+            "the engine-core process %s exited (code %s); the engine is now unavailable", proc.name, proc.exitcode
+        )
         self.mark_dead(RuntimeError(f"engine-core process {proc.name} exited with code {proc.exitcode}"))
         scope.cancel()
 
@@ -446,12 +450,35 @@ async def open_core_engine(
             renderer.tokenizer, log_stats=False, stream_interval=config.scheduler_config.stream_interval
         )
         client = _core_client_class()(
-            asyncio_mode=False, vllm_config=config, executor_class=Executor.get_class(config), log_stats=False,
+            asyncio_mode=False,
+            vllm_config=config,
+            executor_class=Executor.get_class(config),
+            log_stats=False,
             renderer=renderer,
         )
-        return config, renderer, inputs, outputs, client, VSamplingParams, RequestOutputKind, ParentRequest, EngineCoreRequestType
+        return (
+            config,
+            renderer,
+            inputs,
+            outputs,
+            client,
+            VSamplingParams,
+            RequestOutputKind,
+            ParentRequest,
+            EngineCoreRequestType,
+        )
 
-    (config, renderer, inputs, outputs, client, params_cls, kind, parent_cls, request_types) = await trio.to_thread.run_sync(start)
+    (
+        config,
+        renderer,
+        inputs,
+        outputs,
+        client,
+        params_cls,
+        kind,
+        parent_cls,
+        request_types,
+    ) = await trio.to_thread.run_sync(start)
     try:
         info, tokenizer = await make_info(config.model_config)
         engine = VllmCoreEngine(

@@ -89,7 +89,10 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
     async def completions() -> Response:
         body = await request.get_data(cache=False, as_text=False, parse_form_data=False)
         result = await view.completions(
-            state, body, content_type=request.headers.get("Content-Type"), request_id=request.headers.get("X-Request-Id")
+            state,
+            body,
+            content_type=request.headers.get("Content-Type"),
+            request_id=request.headers.get("X-Request-Id"),
         )
         if isinstance(result, JsonResponse):
             return _json(result.body, result.status)

@@ -150,7 +150,9 @@ def _build_into(out: Path, spec: TinySpec, log) -> None:  # type: ignore[no-unty
     ids = torch.tensor([i for t in texts for i in tok.encode(t, add_special_tokens=False)], dtype=torch.long)
     span = spec.seq_len + 1
     windows = ids[: (len(ids) // span) * span].view(-1, span)
-    log(f"[tiny] model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters; {len(ids)} training tokens")
+    log(
+        f"[tiny] model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters; {len(ids)} training tokens"
+    )
     optim = torch.optim.AdamW(model.parameters(), lr=spec.lr)
     gen = torch.Generator().manual_seed(spec.seed)
     model.train()
