@@ -5,7 +5,9 @@ Every server runs pinned to core 0 (``taskset -c 0``) and is loaded by ``wrk`` p
 ``{"prompt": "x", "max_tokens": 64, "stream": true, "ignore_eos": true}``: 64 token events plus
 ``data: [DONE]``. The servers:
 
-* braid: ``braid serve --engine scripted --token-delay 0`` (the whole data path, no model), and
+* braid: ``braid serve --engine scripted --token-delay 0`` (the whole data path, no model; at zero
+  delay the scripted engine runs in lockstep with its reader, one output per token, so a response
+  is 64 events, where an engine on its own clock would merge them), and
   the same with ``--stock-send`` (hypercorn's own send path instead of :mod:`braid.http.fast_send`);
 * bare hypercorn-trio: a bare ASGI app on hypercorn's trio worker streaming the very bytes braid
   sent (captured from braid first), with one body send per event, and with one per response; and
@@ -244,7 +246,7 @@ PHASES = (
     ),
     ("… … braid `StreamMerger.feed` (render + encode)", "StreamMerger.feed (braid/merge.py)"),
     ("braid drivers (`CompletionRun._drive`), engine included", "CompletionRun._drive (braid/run.py)"),
-    ("… the scripted engine (`_Generation.outputs`)", "_Generation.outputs (braid/engine/scripted.py)"),
+    ("… the scripted engine (`_Generation.steps`)", "_Generation.steps (braid/engine/scripted.py)"),
     (
         "request in: hypercorn reading + h11 parsing (`TCPServer._read_data`)",
         "TCPServer._read_data (hypercorn/trio/tcp_server.py)",
@@ -633,8 +635,8 @@ def _section(
         md += [
             "",
             f"braid made **{prof.sends_per_response:.1f} ASGI body sends per response** ({prof.responses:,} responses, "
-            f"counted in the profile run below; the last one is quart's empty end-of-body). The scripted engine yields "
-            "to the scheduler after every token; braid's body gathers what the drivers add for up to "
+            f"counted in the profile run below; the last one is quart's empty end-of-body). The scripted engine (zero delay: "
+            "lockstep with its reader) yields to the scheduler after every token; braid's body gathers what the drivers add for up to "
             f"{GATHER_ROUNDS} scheduler rounds (`braid.http.body`), and a round that runs the body before the "
             "driver ends the gathering early (trio orders each round at random). From the bare app on the fast "
             f"send, one extra body send costs ≈ {send_us:,.0f} µs of CPU, so "
