@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -240,6 +240,13 @@ async def _client_send(rec: Recorder, data: bytes, wait: float) -> None:
             await trio.sleep_until(at + length)
 
 
+def _read(data: bytes) -> Callable[[], Awaitable[bytes]]:
+    async def read_body() -> bytes:
+        return data
+
+    return read_body
+
+
 def _error_response(exc: BaseException) -> JsonResponse:
     """What the app answers for an exception escaping the view (which answers BraidErrors itself).
 
@@ -266,7 +273,7 @@ async def _respond(engine: RecordingEngine, rec: Recorder, rid: str) -> None:
     state = AppState(engine, settings, METRICS, new_id=lambda: rid.removeprefix("cmpl-"), now=lambda: 0.0)
     try:
         try:
-            response = await completions(state, s.body(), content_type="application/json", request_id=None)
+            response = await completions(state, _read(s.body()), content_type="application/json", request_id=None)
         except Exception as exc:  # noqa: BLE001 - the app's error handlers
             response = _error_response(exc)
         if isinstance(response, JsonResponse):

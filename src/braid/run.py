@@ -7,8 +7,8 @@
   one bounded memory channel; the consumer reads it with :meth:`receive_ready`.
 * Drivers start :data:`START_CHUNK` at a time, one chunk per scheduler round: each driver's
   first step (the engine's input processing and the add) is synchronous, and 1024 of them in
-  one round had held every other stream of the server up for ~0.3 s. A driver whose chunk
-  starts after the run was cancelled opens no engine request.
+  one round held every other stream of the server up (docs/performance.md, round 4). A driver
+  whose chunk starts after the run was cancelled opens no engine request.
 * When an engine request fails, the run records the error and cancels the inner nursery at once,
   so every sibling is aborted immediately, not when the consumer gets round to the error. The
   engine reports the failure through the ``on_failure`` handler its driver passes to

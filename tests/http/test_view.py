@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -35,9 +35,18 @@ def body(**fields: Any) -> bytes:
     return json.dumps({"prompt": ["Hello", "World"], "max_tokens": 3, "temperature": 0, **fields}).encode()
 
 
+def read(data: bytes) -> Callable[[], Awaitable[bytes]]:
+    """The request body as the view reads it (after its cheap checks)."""
+
+    async def read_body() -> bytes:
+        return data
+
+    return read_body
+
+
 async def test_a_valid_request_runs_to_one_json_body() -> None:
     st = state()
-    r = await completions(st, body(), content_type=JSON, request_id=None)
+    r = await completions(st, read(body()), content_type=JSON, request_id=None)
     assert isinstance(r, JsonResponse) and r.status == 200
     data = json.loads(r.body)
     assert (data["id"], data["created"], data["model"]) == ("cmpl-0123456789abcdef", 1234, "scripted")
@@ -48,10 +57,10 @@ async def test_a_valid_request_runs_to_one_json_body() -> None:
 
 async def test_the_request_id_header_names_the_response_and_wins_over_the_body() -> None:
     r = await completions(
-        state(), body(request_id="from-body"), content_type=f"{JSON}; charset=utf-8", request_id="abc"
+        state(), read(body(request_id="from-body")), content_type=f"{JSON}; charset=utf-8", request_id="abc"
     )
     assert isinstance(r, JsonResponse) and json.loads(r.body)["id"] == "cmpl-abc"
-    r = await completions(state(), body(request_id="from-body"), content_type=JSON, request_id=None)
+    r = await completions(state(), read(body(request_id="from-body")), content_type=JSON, request_id=None)
     assert isinstance(r, JsonResponse) and json.loads(r.body)["id"] == "cmpl-from-body"
 
 
@@ -71,7 +80,7 @@ async def test_a_refused_request_is_a_json_error_before_any_engine_request(
     payload: bytes, content_type: str | None, status: int, message: str
 ) -> None:
     st = state()
-    r = await completions(st, payload, content_type=content_type, request_id=None)
+    r = await completions(st, read(payload), content_type=content_type, request_id=None)
     assert isinstance(r, JsonResponse) and r.status == status
     error = json.loads(r.body)["error"]
     assert error["code"] == status and message in error["message"]
@@ -81,7 +90,7 @@ async def test_a_refused_request_is_a_json_error_before_any_engine_request(
 async def test_a_draining_server_refuses_with_503() -> None:
     st = state()
     st.draining = True
-    r = await completions(st, body(), content_type=JSON, request_id=None)
+    r = await completions(st, read(body()), content_type=JSON, request_id=None)
     assert isinstance(r, JsonResponse) and r.status == 503
     assert json.loads(r.body)["error"]["message"] == "The server is shutting down."
 
@@ -92,7 +101,7 @@ async def test_a_draining_server_refuses_with_503() -> None:
 )
 async def test_a_failed_run_is_its_own_json_error_not_a_group(hook: str, status: int, type_: str) -> None:
     st = state()
-    r = await completions(st, body(prompt=["ok", f"x {hook}"], max_tokens=5), content_type=JSON, request_id=None)
+    r = await completions(st, read(body(prompt=["ok", f"x {hook}"], max_tokens=5)), content_type=JSON, request_id=None)
     assert isinstance(r, JsonResponse) and r.status == status
     error = json.loads(r.body)["error"]
     assert (error["code"], error["type"]) == (status, type_)
@@ -101,7 +110,7 @@ async def test_a_failed_run_is_its_own_json_error_not_a_group(hook: str, status:
 
 async def test_a_stream_is_returned_unstarted_and_sends_as_quart_sends_a_body() -> None:
     st = state()
-    r = await completions(st, body(stream=True), content_type=JSON, request_id=None)
+    r = await completions(st, read(body(stream=True)), content_type=JSON, request_id=None)
     assert isinstance(r, CompletionStream)
     assert started(st) == 0  # the run opens in __aenter__
     sent = b""
@@ -117,7 +126,7 @@ async def test_a_stream_is_returned_unstarted_and_sends_as_quart_sends_a_body() 
 async def test_cancellation_propagates_after_every_engine_request_is_aborted() -> None:
     engine = ScriptedEngine(token_delay=1.0)
     with trio.move_on_after(0.05) as scope:
-        await completions(state(engine), body(max_tokens=50, ignore_eos=True), content_type=JSON, request_id=None)
+        await completions(state(engine), read(body(max_tokens=50, ignore_eos=True)), content_type=JSON, request_id=None)
     assert scope.cancelled_caught
     assert engine.in_flight == 0 and sorted(engine.aborted_ids) == [
         "cmpl-0123456789abcdef-0",
@@ -136,4 +145,18 @@ class _BrokenEngine(ScriptedEngine):
 
 async def test_a_bug_in_a_run_is_raised_unwrapped() -> None:
     with pytest.raises(RuntimeError, match="a bug"):
-        await completions(state(_BrokenEngine()), body(prompt="one"), content_type=JSON, request_id=None)
+        await completions(state(_BrokenEngine()), read(body(prompt="one")), content_type=JSON, request_id=None)
+
+
+@pytest.mark.parametrize(("content_type", "draining", "status"), [("text/plain", False, 400), (JSON, True, 503)])
+async def test_a_request_refused_before_its_body_is_needed_reads_no_body(
+    content_type: str, draining: bool, status: int
+) -> None:
+    st = state()
+    st.draining = draining
+
+    async def no_read() -> bytes:
+        pytest.fail("the body was read for a request refused without it")
+
+    r = await completions(st, no_read, content_type=content_type, request_id=None)
+    assert isinstance(r, JsonResponse) and r.status == status

@@ -87,10 +87,12 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
 
     @app.post("/v1/completions")
     async def completions() -> Response:
-        body = await request.get_data(cache=False, as_text=False, parse_form_data=False)
+        async def read_body() -> bytes:
+            return await request.get_data(cache=False, as_text=False, parse_form_data=False)
+
         result = await view.completions(
             state,
-            body,
+            read_body,
             content_type=request.headers.get("Content-Type"),
             request_id=request.headers.get("X-Request-Id"),
         )

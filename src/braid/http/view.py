@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import cast
 
 import attrs
@@ -70,12 +70,14 @@ class JsonResponse:
 
 
 async def completions(
-    state: AppState, body: bytes, *, content_type: str | None, request_id: str | None
+    state: AppState, read_body: Callable[[], Awaitable[bytes]], *, content_type: str | None, request_id: str | None
 ) -> JsonResponse | CompletionStream:
     """Answer one completions request: a JSON response, or the stream to send as a 200.
 
     ``content_type`` and ``request_id`` are the request's ``Content-Type`` and ``X-Request-Id``
-    headers (``None`` when absent).
+    headers (``None`` when absent). ``read_body()`` reads the request body; it is called only
+    after the checks that need no body (the content type, a draining server, a dead engine), so a
+    request refused by them costs no read.
 
     * Every :class:`~braid.errors.BraidError` before a response is committed comes back as its
       JSON error (status and vLLM's body): a body that is not JSON, an invalid or over-long
@@ -92,13 +94,13 @@ async def completions(
     * Anything else is a bug, raised as it is; the app answers it with a 500.
     """
     try:
-        return await _completions(state, body, content_type, request_id)
+        return await _completions(state, read_body, content_type, request_id)
     except BraidError as err:
         return _error(err)
 
 
 async def _completions(
-    state: AppState, body: bytes, content_type: str | None, request_id: str | None
+    state: AppState, read_body: Callable[[], Awaitable[bytes]], content_type: str | None, request_id: str | None
 ) -> JsonResponse | CompletionStream:
     engine, settings = state.engine, state.settings
     info = engine.info
@@ -106,7 +108,7 @@ async def _completions(
         raise SchemaError("Unsupported Media Type: Only 'application/json' is allowed")
     if state.draining or not engine.healthy:
         raise EngineUnavailable("The server is shutting down." if state.draining else "The engine is not running.")
-    req = parse_request(body, state.limits)
+    req = parse_request(await read_body(), state.limits)
     if req.model is not None and req.model != info.name:
         raise ModelNotFound(f"The model `{req.model}` does not exist.", param="model")
     rid = request_id or req.request_id
