@@ -31,6 +31,7 @@ Nothing here runs a task: grants happen inside :meth:`Ticket.release`, :meth:`Ti
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 import attrs
 import trio
@@ -58,6 +59,9 @@ class Admission:
     """Free slots kept for requests that hold none."""
     retry_after: int = attrs.field(default=1, validator=attrs.validators.ge(1))
     """Seconds a refused client is told to wait (the ``Retry-After`` header)."""
+    observer: Callable[[str, Ticket, int], None] | None = None
+    """Told of every ``"ask"``, ``"grant"``, ``"cancel"`` (of an ask) and ``"release"``, with the ticket and the slots, at the
+    moment it happens (the property suite records them for the model; None in production)."""
     in_use: int = 0
     """Slots granted now."""
     queued: int = 0
@@ -111,12 +115,13 @@ class Admission:
         prompt that costs many slots is not starved by cheaper ones behind it. A ticket held back
         only by the reserve (it holds slots already) is passed over for newcomers behind it:
         that is what the reserve is for, and each newcomer takes at most one prompt's slots from
-        it before it holds slots itself."""
+        it before it holds slots itself. Other tickets holding slots never pass it."""
         ring = self._ring
         i = 0
+        passed = False  # a ticket held back by the reserve is behind us: only newcomers now
         while i < len(ring):
             ticket = ring[i]
-            if self._fits(ticket._want, holds=ticket.holds):
+            if (not passed or not ticket.holds) and self._fits(ticket._want, holds=ticket.holds):
                 del ring[i]
                 self._take(ticket, ticket._want)
                 ticket._want = 0
@@ -125,9 +130,12 @@ class Admission:
             elif ticket._want > self.slots - self.in_use:
                 return
             else:
+                passed = True
                 i += 1
 
     def _take(self, ticket: Ticket, cost: int) -> None:
+        if self.observer is not None:
+            self.observer("grant", ticket, cost)
         if not ticket.started:
             ticket.started = True
             self.queued -= 1
@@ -173,6 +181,8 @@ class Ticket:
         adm = self.admission
         assert not self.closed, "acquire on a closed ticket"
         assert self._want == 0, "one acquire at a time"
+        if adm.observer is not None:
+            adm.observer("ask", self, cost)
         if not adm._ring and adm._fits(cost, holds=self.holds):
             adm._take(self, cost)
             return
@@ -186,6 +196,8 @@ class Ticket:
             if event.is_set():  # granted as it was cancelled: hand the slots back
                 self.release(cost)
             else:
+                if adm.observer is not None:
+                    adm.observer("cancel", self, cost)
                 adm._ring.remove(self)
                 self._want = 0
                 adm._grant()  # a head that could not fit may have been this one
@@ -196,6 +208,8 @@ class Ticket:
     def release(self, cost: int) -> None:
         """Hand back ``cost`` slots (a prompt's engine request ended), granting them on at once."""
         assert 0 < cost <= self.holds
+        if self.admission.observer is not None:
+            self.admission.observer("release", self, cost)
         self.holds -= cost
         self.admission.in_use -= cost
         self.admission._grant()
@@ -213,6 +227,8 @@ class Ticket:
             self.started = True
             adm.queued -= 1
         if self.holds:
+            if adm.observer is not None:
+                adm.observer("release", self, self.holds)
             adm.in_use -= self.holds
             self.holds = 0
         adm._grant()
