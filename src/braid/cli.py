@@ -260,13 +260,9 @@ def _set_switch_interval(seconds: float | None, *, two_threads: bool) -> None:
         sys.setswitchinterval(seconds)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from braid.http.app import create_app
-    from braid.server import ServerConfig, serve
-
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = Settings(
+def settings_from(args: argparse.Namespace) -> Settings:
+    """The front end's settings from ``braid serve``'s flags."""
+    return Settings(
         max_prompts=args.max_prompts,
         max_choices=args.max_choices,
         stall_timeout=args.stall_timeout,
@@ -277,6 +273,15 @@ def main(argv: list[str] | None = None) -> int:
         reserve=args.admission_reserve,
         request_timeout=args.request_timeout,
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    from braid.http.app import create_app
+    from braid.server import ServerConfig, serve
+
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = settings_from(args)
     cfg = ServerConfig(
         args.host, args.port, args.graceful_timeout, args.keep_alive, args.access_log, fast_send=not args.stock_send
     )
