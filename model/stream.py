@@ -35,6 +35,13 @@ Record kinds (``seq`` is a total order, ``t`` virtual time):
   waited on before it produced the write holding this event).
 * ``json`` ``status``, ``body``: the one JSON response (non-streaming requests and rejections).
 * ``end``  ``how`` (``complete`` | ``disconnect`` | ``drain`` | ``watchdog`` | ``crash``), ``detail``.
+* ``slot_ask`` / ``slot_grant`` / ``slot_cancel`` / ``slot_release`` ``slots``: admission (the
+  server's engine slots): the request asks for its next prompt's slots, is granted them (or its
+  ask is cancelled), hands slots back. Asks and grants come in prompt order. ``limits.max_in_flight`` is the server's slot count (0: unbounded).
+
+Most invariants judge one request's trace (:func:`check_trace`). Admission's rules that are about
+the server as a whole (the slot bound across requests, round-robin between them) judge the traces
+of all requests of one run together, merged by ``seq`` (:func:`check_server`).
 """
 
 from __future__ import annotations
@@ -624,6 +631,90 @@ def liveness(trace: Trace) -> Iterable[str]:
         yield "the trace has no end"
     elif end["how"] in ("crash", "watchdog"):
         yield f"ended by {end['how']}: {end.get('detail')}"
+
+
+@invariant(
+    16,
+    "Admission: a prompt's engine request opens only after its slots were granted; the request "
+    "never holds more than max_in_flight slots; by its end it holds none and waits for none (a "
+    "request cancelled while prompts wait for slots opens none of them).",
+)
+def admission(trace: Trace) -> Iterable[str]:
+    cap = trace["limits"].get("max_in_flight", 0)
+    grants = opens = holds = asks = 0
+    ended = False
+    for r in trace["records"]:
+        kind = r["kind"]
+        if kind == "slot_ask":
+            asks += 1
+        elif kind == "slot_cancel":
+            asks -= 1
+        elif kind == "slot_grant":
+            grants += 1
+            holds += r["slots"]
+            if ended:
+                yield f"seq {r['seq']}: slots granted after the request ended"
+
+            if grants > asks:
+                yield f"seq {r['seq']}: a grant nobody asked for"
+            if cap and holds > cap:
+                yield f"seq {r['seq']}: the request holds {holds} slots, the server has {cap}"
+        elif kind == "slot_release":
+            holds -= r["slots"]
+            if holds < 0:
+                yield f"seq {r['seq']}: more slots released than granted"
+        elif kind == "engine_open" and cap:
+            opens += 1
+            if opens > grants:
+                yield f"seq {r['seq']}: the engine request of prompt {r['prompt']} opened without a slot"
+        elif kind == "end":
+            ended = True
+            if holds:
+                yield f"the request ended holding {holds} slots"
+
+
+def check_server(traces: list[Trace], max_in_flight: int) -> list[Violation]:
+    """Admission's server-wide rules over the traces of every request of one run (one ``seq``).
+
+    * A1 (slot bound): the slots granted and not yet released, summed over all requests, never
+      exceed ``max_in_flight`` (when it is not 0).
+    * A2 (round-robin): while a request waits for a grant (from its ``slot_ask`` to its
+      ``slot_grant``), no other request is granted slots twice. So a request's wait is bounded by
+      the number of requests admitted ahead of it, not by their prompt counts.
+    """
+    merged = sorted(
+        ((r, i) for i, t in enumerate(traces) for r in t["records"] if r["kind"].startswith("slot_")),
+        key=lambda x: x[0]["seq"],
+    )
+    out: list[Violation] = []
+    held = 0
+    waiting: dict[int, dict[int, int]] = {}  # request -> grants to each other request since its ask
+    for r, i in merged:
+        kind = r["kind"]
+        if kind == "slot_grant":
+            held += r["slots"]
+            if max_in_flight and held > max_in_flight:
+                out.append(
+                    Violation(-2, "slot_bound", f"seq {r['seq']}: {held} slots granted, the server has {max_in_flight}")
+                )
+            waiting.pop(i, None)
+            for j, seen in waiting.items():
+                seen[i] = seen.get(i, 0) + 1
+                if seen[i] == 2:
+                    out.append(
+                        Violation(
+                            -3,
+                            "round_robin",
+                            f"seq {r['seq']}: request {i} was granted slots twice while request {j} waited",
+                        )
+                    )
+        elif kind == "slot_release":
+            held -= r["slots"]
+        elif kind == "slot_ask":
+            waiting[i] = {}
+        elif kind == "slot_cancel":
+            waiting.pop(i, None)
+    return out
 
 
 # --------------------------------------------------------------------------------------------

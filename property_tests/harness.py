@@ -16,6 +16,7 @@ Everything runs on Trio's virtual clock, so a scenario's trace is a pure functio
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -26,6 +27,7 @@ import attrs
 import trio
 import trio.testing
 
+from braid.admit import Admission, Ticket
 from braid.encode import error_body
 from braid.engine.base import EngineOutput, EngineRequest, FailureHandler
 from braid.engine.scripted import ScriptedEngine
@@ -75,6 +77,9 @@ class Scenario:
     heartbeat: float = 15.0
     stall_timeout: float = 30.0
     buffer: int = 64
+    # admission (one request alone; the stateful test shares one admission between requests)
+    max_in_flight: int = 0
+    reserve: int = 0
 
     def body(self) -> bytes:
         body: dict[str, Any] = {
@@ -119,6 +124,7 @@ class Recorder:
     records: list[dict[str, Any]] = attrs.Factory(list)
     open_engine: set[int] = attrs.Factory(set)
     left_running: int = 0
+    max_in_flight: int = 0  # the slots of the admission this request runs under
 
     def add(self, kind: str, **fields: Any) -> dict[str, Any]:
         r = {"seq": next(self.seq), "t": trio.current_time(), "kind": kind, **fields}
@@ -128,10 +134,40 @@ class Recorder:
     def trace(self) -> dict[str, Any]:
         return {
             "request": self.scenario.model_request(),
-            "limits": {"heartbeat": self.scenario.heartbeat, "abort_bound": ABORT_BOUND},
+            "limits": {
+                "heartbeat": self.scenario.heartbeat,
+                "abort_bound": ABORT_BOUND,
+                "max_in_flight": self.max_in_flight,
+            },
             "left_running": self.left_running,
             "records": list(self.records),
         }
+
+
+CURRENT: contextvars.ContextVar[Recorder] = contextvars.ContextVar("braid_property_recorder")
+"""The recorder of the request whose task this is (set by :func:`run_request`)."""
+
+
+@attrs.define(eq=False)
+class RecordingAdmission(Admission):
+    """The production admission, recording each ask, grant and release in the trace of the
+    request whose ticket it is, at the moment it happens (a grant happens in whichever task
+    released the slot, so the owner is bound when the ticket is issued)."""
+
+    owners: dict[int, Recorder] = attrs.Factory(dict)
+
+    def __attrs_post_init__(self) -> None:
+        self.observer = self._observe
+
+    def admit(self) -> Ticket:
+        ticket = super().admit()
+        rec = CURRENT.get()
+        rec.max_in_flight = self.slots
+        self.owners[id(ticket)] = rec
+        return ticket
+
+    def _observe(self, kind: str, ticket: Ticket, slots: int) -> None:
+        self.owners[id(ticket)].add(f"slot_{kind}", slots=slots)
 
 
 @attrs.define(eq=False)
@@ -262,7 +298,7 @@ def _error_response(exc: BaseException) -> JsonResponse:
     raise exc
 
 
-async def _respond(engine: RecordingEngine, rec: Recorder, rid: str) -> None:
+async def _respond(engine: RecordingEngine, rec: Recorder, rid: str, admission: Admission) -> None:
     """The app's completions route, from the body bytes to the last byte of the response.
 
     The view is the production one (:func:`braid.http.view.completions`); its ids come from
@@ -270,7 +306,9 @@ async def _respond(engine: RecordingEngine, rec: Recorder, rid: str) -> None:
     """
     s = rec.scenario
     settings = Settings(buffer=s.buffer, stall_timeout=s.stall_timeout, heartbeat=s.heartbeat)
-    state = AppState(engine, settings, METRICS, new_id=lambda: rid.removeprefix("cmpl-"), now=lambda: 0.0)
+    state = AppState(
+        engine, settings, METRICS, new_id=lambda: rid.removeprefix("cmpl-"), now=lambda: 0.0, admission=admission
+    )
     try:
         try:
             response = await completions(state, _read(s.body()), content_type="application/json", request_id=None)
@@ -303,10 +341,22 @@ class Stop:
 
 
 async def run_request(
-    engine: RecordingEngine, rec: Recorder, rid: str, *, t0: float = 0.0, stop: Stop | None = None
+    engine: RecordingEngine,
+    rec: Recorder,
+    rid: str,
+    *,
+    t0: float = 0.0,
+    stop: Stop | None = None,
+    admission: Admission | None = None,
 ) -> None:
-    """One request with its client and server events; adds the ``end`` record. Never raises."""
+    """One request with its client and server events; adds the ``end`` record. Never raises.
+
+    ``admission``: the server's, shared with other requests (a :class:`RecordingAdmission`);
+    by default one of the scenario's own."""
     s = rec.scenario
+    CURRENT.set(rec)
+    if admission is None:
+        admission = RecordingAdmission(slots=s.max_in_flight, reserve=s.reserve)
     stop = stop or Stop()
     how, detail = "complete", None
     with trio.CancelScope() as scope:
@@ -330,7 +380,7 @@ async def run_request(
 
             nursery.start_soon(control)
             try:
-                await _respond(engine, rec, rid)
+                await _respond(engine, rec, rid, admission)
             except Exception as exc:  # noqa: BLE001 - a crash is an observation, checked by the model
                 how, detail = "crash", repr(exc)
             nursery.cancel_scope.cancel()

@@ -95,4 +95,7 @@ def scenarios(
         heartbeat=draw(st.sampled_from([0.25, 1.0, 3.0, 15.0])),
         stall_timeout=draw(st.sampled_from([1.0, 5.0] if stall else [30.0] if stalled_reader else [1.0, 5.0, 30.0])),
         buffer=draw(st.sampled_from([1, 2] if stall or stalled_reader else [1, 2, 8, 64])),
+        # n <= 4 (drawn above), so every request fits the slots
+        max_in_flight=(slots := draw(st.sampled_from([0, 4, 5, 8]))),
+        reserve=draw(st.sampled_from([0, 1])) if slots else 0,
     )

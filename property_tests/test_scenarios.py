@@ -9,14 +9,14 @@ from __future__ import annotations
 import attrs
 from hypothesis import example, given, note
 
-from model import check_trace
+from model import check_server, check_trace
 from property_tests.harness import Scenario, run_scenario
 from property_tests.strategies import scenarios
 
 
 def assert_model(s: Scenario) -> dict:
     trace, engine = run_scenario(s)
-    violations = check_trace(trace)
+    violations = check_trace(trace) + check_server([trace], s.max_in_flight)
     if violations:
         note(f"scenario: {s!r}")
         for r in trace["records"][:200]:

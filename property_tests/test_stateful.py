@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from braid.engine.scripted import ScriptedEngine
-from model import check_trace
+from model import check_server, check_trace
 from model.stream import INVARIANTS
-from property_tests.harness import Recorder, RecordingEngine, Stop, run_request
+from property_tests.harness import Recorder, RecordingAdmission, RecordingEngine, Stop, run_request
 from property_tests.strategies import scenarios
 
 # Invariants that a trace cut at an arbitrary instant must already satisfy.
@@ -40,7 +40,11 @@ PREFIX_SAFE = {
     "heartbeat",
     "logprobs_shape",
     "rejected",
+    "admission",
 }
+
+SLOTS = 4
+"""The server's engine slots: fewer than the prompts the requests bring, so they queue (n <= 4 fits)."""
 
 
 class ConcurrentRequests(RuleBasedStateMachine):
@@ -48,6 +52,7 @@ class ConcurrentRequests(RuleBasedStateMachine):
         super().__init__()
         self.clock = trio.testing.MockClock()  # autojump off: time moves only in advance()
         self.engine = RecordingEngine(ScriptedEngine(token_delay=0.5))
+        self.admission = RecordingAdmission(slots=SLOTS, reserve=1)
         self.seq = itertools.count()
         self.requests: list[tuple[Recorder, Stop]] = []
         self.ended: set[int] = set()
@@ -82,7 +87,7 @@ class ConcurrentRequests(RuleBasedStateMachine):
         t0 = trio.current_time()
 
         async def one() -> None:
-            await run_request(self.engine, rec, rid, t0=t0, stop=stop)
+            await run_request(self.engine, rec, rid, t0=t0, stop=stop, admission=self.admission)
 
         self.nursery.start_soon(one)
         await trio.testing.wait_all_tasks_blocked()
@@ -133,6 +138,9 @@ class ConcurrentRequests(RuleBasedStateMachine):
                 trace = rec.trace()
                 bad = [v for v in check_trace(trace) if v.name in PREFIX_SAFE]
                 assert not bad, "\n".join(map(str, bad))
+            server = check_server([rec.trace() for rec, _ in self.requests], SLOTS)
+            assert not server, "\n".join(map(str, server))
+            assert self.engine.inner.in_flight <= SLOTS
             aborted = self.engine.inner.aborted_ids
             assert len(aborted) == len(set(aborted)), f"aborted twice: {aborted}"
             assert self.engine.inner.in_flight == sum(len(rec.open_engine) for rec, _ in self.requests)
@@ -158,6 +166,7 @@ class ConcurrentRequests(RuleBasedStateMachine):
                     bad = check_trace(rec.trace())
                     assert not bad, "\n".join(map(str, bad))
                 assert self.engine.inner.in_flight == 0
+                assert (self.admission.in_use, self.admission.queued, self.admission.waiting) == (0, 0, 0)
 
             self._call(final)
         finally:

@@ -144,3 +144,19 @@ def test_settings_refuse_a_zero_heartbeat() -> None:
 
     with pytest.raises(ValueError):
         Settings(heartbeat=0)
+
+
+def test_admission_flags_reach_the_server() -> None:
+    """The admission flags end up in the app's Admission, and the reserve in the engine's room."""
+    from braid.admit import admission_for
+    from braid.cli import _extra_seqs, _parser, settings_from
+    from braid.engine.base import ModelInfo
+
+    args = _parser().parse_args(
+        ["serve", "--max-in-flight-requests", "8", "--max-queued-requests", "3", "--admission-reserve", "2"]
+    )
+    settings = settings_from(args)
+    adm = admission_for(settings, ModelInfo("m", "m", max_model_len=16, vocab_size=8, max_num_seqs=66, reserved_seqs=2))
+    assert (adm.slots, adm.max_queued, adm.reserve) == (8, 3, 2)
+    assert _extra_seqs(2)(64) == 2 and _extra_seqs(None)(64) == 4
+    assert settings_from(_parser().parse_args(["serve"])).max_in_flight is None  # the engine decides

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import trio
 
+from braid.admit import Admission
 from braid.engine.scripted import ScriptedEngine
-from braid.errors import EngineError, StreamStalled
+from braid.errors import DeadlineExceeded, EngineError, StreamStalled
 from braid.metrics import Metrics
 from braid.plan import Plan, make_plan
 from braid.request import Limits, parse_request
@@ -185,3 +186,79 @@ async def test_a_cancelled_run_is_caught_by_its_own_scope(autojump_clock: trio.t
             while True:
                 await run.receive_ready()
     assert scope.cancelled_caught and engine.aborted_total == 2
+
+
+async def _drain(run: CompletionRun) -> list:  # type: ignore[type-arg]
+    got = []
+    while True:
+        try:
+            got.extend(await run.receive_ready())
+        except trio.EndOfChannel:
+            return got
+
+
+async def test_a_batch_larger_than_the_slots_starts_progressively_in_prompt_order(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    engine = ScriptedEngine(token_delay=0.1)
+    prompts = ",".join(f'"p{i}"' for i in range(10)).encode()
+    plan = plan_for(engine, b'{"prompt": [' + prompts + b'], "n": 2, "max_tokens": 3, "ignore_eos": true}')
+    adm = Admission(slots=6)
+    peak = 0
+    first: dict[int, float] = {}  # prompt -> when its first output came
+
+    async def watch() -> None:
+        nonlocal peak
+        while True:
+            peak = max(peak, engine.in_flight)
+            await trio.sleep(0.01)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch)
+        async with CompletionRun(engine, plan, Metrics(), ticket=adm.admit()) as run:
+            while True:
+                try:
+                    for idx, _ in await run.receive_ready():
+                        first.setdefault(idx, trio.current_time())
+                except trio.EndOfChannel:
+                    break
+        nursery.cancel_scope.cancel()
+    assert peak == 3  # n=2: three prompts' six slots
+    # In prompt order, three at a time as slots free up.
+    waves = sorted(set(first.values()))
+    assert [waves.index(first[i]) for i in range(10)] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]
+    assert engine.finished_total == 10 and engine.aborted_total == 0
+    assert (adm.in_use, adm.queued, adm.waiting) == (0, 0, 0)
+
+
+async def test_a_run_cancelled_while_prompts_are_queued_leaves_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    engine = ScriptedEngine(token_delay=0.1)
+    adm = Admission(slots=2)
+    other = adm.admit()
+    await other.acquire(1)  # another request holds a slot throughout
+    plan = plan_for(engine, b'{"prompt": ["a","b","c","d"], "max_tokens": 1000, "ignore_eos": true}')
+    with trio.move_on_after(0.5):
+        async with CompletionRun(engine, plan, Metrics(), ticket=adm.admit()) as run:
+            await _drain(run)
+    assert engine.in_flight == 0
+    assert sorted(engine.aborted_ids) == ["cmpl-t-0"]  # the only prompt that got a slot
+    assert (adm.in_use, adm.queued, adm.waiting) == (1, 0, 0)
+    other.close()
+    assert adm.in_use == 0
+
+
+async def test_the_deadline_aborts_the_run_queue_wait_included(autojump_clock: trio.testing.MockClock) -> None:
+    engine = ScriptedEngine(token_delay=0.1)
+    adm = Admission(slots=1)
+    plan = plan_for(engine, b'{"prompt": ["a","b"], "max_tokens": 1000, "ignore_eos": true}')
+    settings = Settings(request_timeout=2.0)
+    async with CompletionRun(
+        engine, plan, Metrics(), settings, ticket=adm.admit(), deadline=trio.current_time() + 2.0
+    ) as run:
+        with pytest.raises(DeadlineExceeded):
+            await _drain(run)
+        assert trio.current_time() == pytest.approx(2.0)
+    assert engine.in_flight == 0 and engine.aborted_ids == ["cmpl-t-0"]  # "b" never got the slot
+    assert (adm.in_use, adm.queued, adm.waiting) == (0, 0, 0)

@@ -209,6 +209,42 @@ MUTANTS = [
         "a run whose drivers all ended because of an error looks like a normal end",
     ),
     Mutant(
+        "slot_leak_on_abort",
+        "run.py",
+        (
+            (
+                "        try:\n            yield\n        finally:\n            if self.ticket is not None:\n"
+                "                self.ticket.release(self.plan.n)",
+                "        yield\n        if self.ticket is not None:\n            self.ticket.release(self.plan.n)",
+            ),
+            ("            if self.ticket is not None:\n                self.ticket.close()", "            pass"),
+        ),
+        "an aborted driver never hands its engine slots back (and the run does not close its ticket)",
+    ),
+    Mutant(
+        "fifo_by_prompt",
+        "admit.py",
+        (
+            (
+                "        adm._ring.append(self)\n",
+                "        adm._ring.appendleft(self) if self.holds else adm._ring.append(self)\n",
+            ),
+        ),
+        "a request that holds slots asks again ahead of the others: slots go first come first "
+        "served by prompt, so a batch takes every freed slot until it is done",
+    ),
+    Mutant(
+        "over_admission",
+        "admit.py",
+        (
+            (
+                "        return cost <= (free - self.reserve if holds else free)",
+                "        return cost <= (free - self.reserve if holds else free) + 1",
+            ),
+        ),
+        "one engine request more than the server's slots is let into the engine",
+    ),
+    Mutant(
         "run_error_as_500",
         "http/view.py",
         ((OLD_RUN, NEW_RUN),),

@@ -13,13 +13,14 @@ import importlib.util
 import json
 import logging
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
 import trio
 
+from braid.admit import default_reserve
 from braid.engine.base import Engine
 from braid.engine.scripted import ScriptedEngine
 from braid.settings import Settings
@@ -106,6 +107,38 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument(
         "--heartbeat", type=_positive, default=DEFAULTS.heartbeat, help="SSE comment after this many idle seconds"
     )
+    a = s.add_argument_group("admission (docs/admission.md)")
+    a.add_argument(
+        "--max-in-flight-requests",
+        type=int,
+        default=DEFAULTS.max_in_flight,
+        metavar="N",
+        help="engine requests in the engine at once, server wide; a prompt with n choices takes n "
+        "(default: the engine's own running cap, vLLM's max_num_seqs plus the reserve; 0: unbounded)",
+    )
+    a.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=DEFAULTS.max_queued,
+        metavar="Q",
+        help="requests that may wait for their first engine slot; more get 429 with Retry-After",
+    )
+    a.add_argument(
+        "--admission-reserve",
+        type=int,
+        default=DEFAULTS.reserve,
+        metavar="R",
+        help="engine slots kept for requests holding none, so a newcomer starts at the engine's "
+        "next step while a large batch runs; with vLLM the engine's running cap is raised by R "
+        "(default: a sixteenth of max_num_seqs, at least 1)",
+    )
+    a.add_argument(
+        "--request-timeout",
+        type=_positive,
+        default=DEFAULTS.request_timeout,
+        metavar="SECONDS",
+        help="abort a request this long after it arrived, queue wait included (default: none)",
+    )
     h.add_argument(
         "--enable-prompt-tokens-details",
         action="store_true",
@@ -157,6 +190,13 @@ def _vllm_kwargs(args: argparse.Namespace, default_model: bool) -> dict[str, Any
     return kwargs
 
 
+def _extra_seqs(reserve: int | None) -> Callable[[int], int]:
+    """Room for admission's reserve on top of the engine's running cap (braid.admit)."""
+    if reserve is not None:
+        return lambda _seqs: reserve
+    return default_reserve
+
+
 @asynccontextmanager
 async def open_engine(args: argparse.Namespace) -> AsyncIterator[Engine]:
     kind = args.engine
@@ -186,6 +226,7 @@ async def open_engine(args: argparse.Namespace) -> AsyncIterator[Engine]:
         engine_kwargs=_vllm_kwargs(args, default_model=args.model is None),
         fault_hooks=args.fault_hooks,
         client=args.engine_client,
+        extra_seqs=_extra_seqs(args.admission_reserve),
     ) as engine:
         yield engine
 
@@ -219,19 +260,28 @@ def _set_switch_interval(seconds: float | None, *, two_threads: bool) -> None:
         sys.setswitchinterval(seconds)
 
 
+def settings_from(args: argparse.Namespace) -> Settings:
+    """The front end's settings from ``braid serve``'s flags."""
+    return Settings(
+        max_prompts=args.max_prompts,
+        max_choices=args.max_choices,
+        stall_timeout=args.stall_timeout,
+        heartbeat=args.heartbeat,
+        prompt_tokens_details=args.enable_prompt_tokens_details,
+        max_in_flight=args.max_in_flight_requests,
+        max_queued=args.max_queued_requests,
+        reserve=args.admission_reserve,
+        request_timeout=args.request_timeout,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     from braid.http.app import create_app
     from braid.server import ServerConfig, serve
 
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = Settings(
-        max_prompts=args.max_prompts,
-        max_choices=args.max_choices,
-        stall_timeout=args.stall_timeout,
-        heartbeat=args.heartbeat,
-        prompt_tokens_details=args.enable_prompt_tokens_details,
-    )
+    settings = settings_from(args)
     cfg = ServerConfig(
         args.host, args.port, args.graceful_timeout, args.keep_alive, args.access_log, fast_send=not args.stock_send
     )

@@ -9,7 +9,11 @@
     ├── ModelNotFound           (404 NotFoundError)
     ├── EngineError             (500 InternalServerError) generation failed mid-way
     ├── EngineUnavailable       (503 ServiceUnavailableError) the engine is dead or draining
-    └── StreamStalled           (408 RequestTimeout)    the client stopped reading
+    ├── TooManyRequests         (429 TooManyRequestsError) the admission queue is full
+    ├── StreamStalled           (408 RequestTimeout)    the client stopped reading
+    └── DeadlineExceeded        (408 RequestTimeout)    --request-timeout passed
+
+An error with ``retry_after`` set is answered with that ``Retry-After`` header (seconds).
 
 Every error renders to vLLM's body ``{"error": {"message", "type", "param", "code"}}``, where
 ``code`` is the integer HTTP status and ``type`` is vLLM's string for that class of error.
@@ -26,10 +30,11 @@ class BraidError(Exception):
     status: ClassVar[int] = 500
     type: ClassVar[str] = "InternalServerError"
 
-    def __init__(self, message: str, *, param: str | None = None) -> None:
+    def __init__(self, message: str, *, param: str | None = None, retry_after: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        self.retry_after = retry_after
 
     def body(self) -> dict[str, object]:
         return error_payload(self.message, self.type, self.param, self.status)
@@ -67,6 +72,20 @@ class EngineError(BraidError):
 class EngineUnavailable(BraidError):
     status = 503
     type = "ServiceUnavailableError"
+
+
+class TooManyRequests(BraidError):
+    """Admission's queue is full (:mod:`braid.admit`); decided before the body is tokenized."""
+
+    status = 429
+    type = "TooManyRequestsError"
+
+
+class DeadlineExceeded(BraidError):
+    """The request's deadline (``--request-timeout``, from its arrival) passed; its engine work was aborted."""
+
+    status = 408
+    type = "RequestTimeout"
 
 
 class StreamStalled(BraidError):

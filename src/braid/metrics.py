@@ -18,6 +18,7 @@ class Metrics:
     aborts: Counter = attrs.field(init=False)
     engine_requests: Counter = attrs.field(init=False)
     engine_errors: Counter = attrs.field(init=False)
+    rejected: Counter = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         r = self.registry
@@ -25,6 +26,7 @@ class Metrics:
         self.aborts = Counter("braid_engine_aborts", "Engine requests braid aborted before they finished", registry=r)
         self.engine_requests = Counter("braid_engine_requests", "Engine requests braid started", registry=r)
         self.engine_errors = Counter("braid_engine_errors", "Engine requests that failed in the engine", registry=r)
+        self.rejected = Counter("braid_admission_rejected", "Requests refused with 429: the queue was full", registry=r)
 
     def track_engine_unfinished(self, read: Callable[[], float]) -> None:
         """Expose the engine's own count of unfinished requests (read at scrape time)."""
@@ -32,6 +34,15 @@ class Metrics:
             "braid_engine_unfinished_requests", "The engine's own count of unfinished requests", registry=self.registry
         )
         g.set_function(read)
+
+    def track_admission(self, slots_in_use: Callable[[], float], queued: Callable[[], float]) -> None:
+        """Expose admission's state (read at scrape time; see braid.admit)."""
+        Gauge(
+            "braid_admission_slots_in_use", "Engine slots granted to requests now", registry=self.registry
+        ).set_function(slots_in_use)
+        Gauge(
+            "braid_admission_queued_requests", "Requests waiting for their first engine slot", registry=self.registry
+        ).set_function(queued)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

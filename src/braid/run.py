@@ -26,6 +26,14 @@
   batch of 64 that is one abort message to vLLM's engine core, not 64 trickling in while the
   drivers unwind one by one.
 
+* With admission (:mod:`braid.admit`), the supervisor asks the request's ticket for each
+  prompt's slots in prompt order and starts the prompt's driver only once they are granted; the
+  driver hands them back when its engine request has ended. A prompt still waiting for its slots
+  when the run is cancelled never reaches the engine, and :meth:`CompletionRun.__aexit__` closes
+  the ticket, so a run leaves nothing queued and holds no slot once it is over.
+* With a ``deadline`` (``--request-timeout``, on Trio's clock) the drivers and the slot wait are
+  cancelled when it passes, and the run fails with :class:`~braid.errors.DeadlineExceeded`.
+
 * A streaming run owns its stream's :class:`~braid.heartbeat.Heartbeat`: it starts the heartbeat's
   clock in the outer nursery with a clone of the channel, and stops it when the drivers are done.
 * Leaving ``async with`` raises the run's own exception, not the nursery's group around it: the
@@ -37,13 +45,16 @@ The two nurseries are needed because cancelling a nursery's scope also cancels t
 
 from __future__ import annotations
 
-from contextlib import AbstractAsyncContextManager
+import math
+from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager, contextmanager
 
 import attrs
 import trio
 
+from braid.admit import Ticket
 from braid.engine.base import Engine, EngineOutput
-from braid.errors import BraidError, StreamStalled
+from braid.errors import BraidError, DeadlineExceeded, StreamStalled
 from braid.heartbeat import Heartbeat, Tick
 from braid.metrics import Metrics
 from braid.plan import Plan, PlanItem
@@ -65,6 +76,10 @@ class CompletionRun:
     plan: Plan
     metrics: Metrics
     settings: Settings = attrs.Factory(Settings)
+    ticket: Ticket | None = None
+    """The request's admission ticket (None: no admission control); the run closes it on exit."""
+    deadline: float = math.inf
+    """When the run fails with DeadlineExceeded (Trio's clock)."""
     heartbeat: Heartbeat | None = attrs.field(init=False)
     """The stream's heartbeat (a streaming plan's run only)."""
     error: BraidError | None = None
@@ -101,6 +116,8 @@ class CompletionRun:
             raise _the_exception(group) from None
         finally:
             self._recv.close()
+            if self.ticket is not None:
+                self.ticket.close()
 
     def abort_all(self, error: BraidError) -> None:
         """Fail the run with ``error`` (the first error wins) and abort every driver now."""
@@ -127,9 +144,11 @@ class CompletionRun:
         send: trio.MemorySendChannel[Arrival | Tick],
         task_status: trio.TaskStatus[trio.Nursery] = trio.TASK_STATUS_IGNORED,
     ) -> None:
+        ticket, cost = self.ticket, self.plan.n
         try:
             with send:
                 async with trio.open_nursery() as inner:
+                    inner.cancel_scope.deadline = self.deadline
                     task_status.started(inner)
                     for i, item in enumerate(self.plan.items):
                         if i and i % START_CHUNK == 0:
@@ -137,7 +156,16 @@ class CompletionRun:
                             # runs in the scheduler batch after its start: a chunk per batch,
                             # so 1024 of them do not hold up every other stream at once.
                             await trio.lowlevel.checkpoint()
+                        if ticket is not None:
+                            await ticket.acquire(cost)  # the driver releases it
                         inner.start_soon(self._drive, item, send.clone())
+                if inner.cancel_scope.cancelled_caught and self.error is None:
+                    # Nothing else cancels the inner scope without setting the error first or
+                    # cancelling this task too (then this line is never reached).
+                    self.error = DeadlineExceeded(
+                        f"The request did not finish within its {self.settings.request_timeout:g} s "
+                        "timeout; its engine work was aborted."
+                    )
         finally:
             # The drivers are done: the clock's clone must close too, or the channel never ends.
             if self.heartbeat is not None:
@@ -156,7 +184,7 @@ class CompletionRun:
             failed = True
             self.abort_all(err)
 
-        with send:
+        with send, self._slots():
             # Started in a chunk after the run was cancelled: do not open an engine request
             # only to abort it at once.
             await trio.lowlevel.checkpoint_if_cancelled()
@@ -195,6 +223,15 @@ class CompletionRun:
                     m.engine_errors.inc()
                 elif not finished:
                     m.aborts.inc()
+
+    @contextmanager
+    def _slots(self) -> Iterator[None]:
+        """A driver's slots (granted by the supervisor before its start), handed back as it ends."""
+        try:
+            yield
+        finally:
+            if self.ticket is not None:
+                self.ticket.release(self.plan.n)
 
     async def receive_ready(self) -> list[Arrival | Tick]:
         """Wait for at least one output, then take every output that is ready (up to :data:`MAX_BATCH`).

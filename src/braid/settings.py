@@ -23,6 +23,17 @@ class Settings:
     """A driver that cannot hand an output over for this long fails the run (the client stopped reading)."""
     heartbeat: float = attrs.field(default=15.0, validator=attrs.validators.gt(0))
     """An idle stream sends an SSE comment after this many seconds."""
+    max_in_flight: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(0)))
+    """Engine requests in the engine at once, server wide (``braid.admit``); 0: unbounded; None:
+    the engine's own running cap plus the reserve (``docs/admission.md``)."""
+    max_queued: int = attrs.field(default=256, validator=attrs.validators.ge(0))
+    """Requests that may wait for their first engine slot before new ones get a 429."""
+    reserve: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(0)))
+    """Slots kept for requests holding none; None: a sixteenth of the engine's running cap (at least 1)."""
+    request_timeout: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.gt(0))
+    )
+    """Seconds from a request's arrival (queue wait included) after which its engine work is aborted."""
     prompt_tokens_details: bool = False
     """vLLM's --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens."""
 

@@ -160,3 +160,88 @@ async def test_a_request_refused_before_its_body_is_needed_reads_no_body(
 
     r = await completions(st, no_read, content_type=content_type, request_id=None)
     assert isinstance(r, JsonResponse) and r.status == status
+
+
+async def test_a_full_queue_is_a_429_with_retry_after_before_the_body_is_read() -> None:
+    st = state(ScriptedEngine(token_delay=1.0), max_in_flight=1, max_queued=0)
+    busy = st.admission.admit()
+    await busy.acquire(1)
+
+    async def no_read() -> bytes:
+        pytest.fail("the body was read for a request refused by admission")
+
+    r = await completions(st, no_read, content_type=JSON, request_id=None)
+    assert isinstance(r, JsonResponse) and r.status == 429
+    assert dict(r.headers)["Retry-After"] == str(st.admission.retry_after)
+    error = json.loads(r.body)["error"]
+    assert (error["code"], error["type"]) == (429, "TooManyRequestsError")
+    assert st.metrics.registry.get_sample_value("braid_admission_rejected_total") == 1
+    assert (st.admission.queued, st.admission.in_use) == (0, 1)
+
+
+async def test_a_draining_server_says_when_to_retry() -> None:
+    st = state()
+    st.draining = True
+    r = await completions(st, read(body()), content_type=JSON, request_id=None)
+    assert r.status == 503 and "Retry-After" in dict(r.headers)  # type: ignore[union-attr]
+
+
+async def test_n_above_the_slots_is_a_400_naming_n_and_leaves_no_ticket() -> None:
+    st = state(max_in_flight=4)
+    r = await completions(st, read(body(n=5, temperature=1.0)), content_type=JSON, request_id=None)
+    assert isinstance(r, JsonResponse) and r.status == 400
+    assert json.loads(r.body)["error"]["param"] == "n"
+    assert (st.admission.queued, st.admission.in_use) == (0, 0)
+
+
+async def test_a_batch_larger_than_the_slots_is_served_whole() -> None:
+    st = state(max_in_flight=3)
+    prompts = [f"p{i}" for i in range(10)]
+    r = await completions(
+        st, read(body(prompt=prompts, n=2, temperature=1.0, stream=True)), content_type=JSON, request_id=None
+    )
+    assert isinstance(r, CompletionStream)
+    sent = b""
+    async with r as stream:
+        async for data in stream:
+            sent += data
+    events = parse_sse(sent)
+    assert events.count("[DONE]") == 1
+    finished = {e["choices"][0]["index"] for e in events if isinstance(e, dict) and e["choices"][0]["finish_reason"]}
+    assert finished == set(range(20))
+    assert (st.admission.queued, st.admission.in_use) == (0, 0)
+
+
+async def test_a_stream_never_started_gives_its_queue_place_back() -> None:
+    import gc
+
+    st = state(max_in_flight=1)
+    r = await completions(st, read(body(stream=True)), content_type=JSON, request_id=None)
+    assert st.admission.queued == 1
+    del r
+    gc.collect()
+    assert st.admission.queued == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_request_timeout_ends_the_request_with_a_408(
+    stream: bool, autojump_clock: trio.testing.MockClock
+) -> None:
+    engine = ScriptedEngine(token_delay=0.1)
+    st = state(engine, request_timeout=1.5)
+    r = await completions(
+        st, read(body(max_tokens=1000, ignore_eos=True, stream=stream)), content_type=JSON, request_id=None
+    )
+    if stream:
+        assert isinstance(r, CompletionStream)
+        sent = b""
+        async with r as s:
+            async for data in s:
+                sent += data
+        events = parse_sse(sent)
+        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == 408
+    else:
+        assert isinstance(r, JsonResponse) and r.status == 408
+        assert json.loads(r.body)["error"]["type"] == "RequestTimeout"
+    assert trio.current_time() == pytest.approx(1.5)
+    assert engine.in_flight == 0 and engine.aborted_total == 2

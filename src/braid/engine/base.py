@@ -62,6 +62,11 @@ class ModelInfo:
     max_model_len: int = attrs.field(validator=attrs.validators.gt(0))
     vocab_size: int = attrs.field(validator=attrs.validators.gt(0))
     max_logprobs: int = 20
+    max_num_seqs: int | None = None
+    """The engine's cap on requests it runs at once (vLLM's scheduler; None: no cap)."""
+    reserved_seqs: int = 0
+    """Of ``max_num_seqs``, how many braid added for requests waiting for their first slot
+    (``braid.admit``'s reserve); the rest is what the operator asked for."""
 
 
 @attrs.frozen

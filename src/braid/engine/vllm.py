@@ -153,8 +153,12 @@ async def open_vllm_engine(
     engine_kwargs: Mapping[str, Any] | None = None,
     fault_hooks: bool = False,
     client: str = "trio",
+    extra_seqs: Callable[[int], int] | None = None,
 ) -> AsyncIterator[Engine]:
     """Start vLLM's engine for ``model``; shut it down on exit.
+
+    ``extra_seqs``: room added to the engine's running cap for admission's reserve (see
+    :func:`braid.engine.vllm_core.open_core_engine`); the asyncio client ignores it.
 
     ``client="trio"`` (the default) drives vLLM's engine core from the Trio thread
     (:mod:`braid.engine.vllm_core`); ``"asyncio"`` runs vLLM's own ``AsyncLLM`` on an asyncio
@@ -172,7 +176,9 @@ async def open_vllm_engine(
         kwargs["served_model_name"] = served_model_name
     make_info = _model_info_maker(model, kwargs.get("served_model_name") or model)
     if client == "trio":
-        async with open_core_engine(kwargs, make_info=make_info, fault_hooks=fault_hooks) as core:
+        async with open_core_engine(
+            kwargs, make_info=make_info, fault_hooks=fault_hooks, extra_seqs=extra_seqs
+        ) as core:
             _freeze_vllm_env()
             yield core
         return
@@ -202,6 +208,7 @@ async def _open_asyncllm(kwargs: dict[str, Any], make_info: Any, fault_hooks: bo
         _freeze_vllm_env()
         try:
             info, tokenizer = await make_info(llm.model_config)
+            info = attrs.evolve(info, max_num_seqs=llm.vllm_config.scheduler_config.max_num_seqs)
             yield VllmEngine(bridge, llm, info, tokenizer, kind_cls, params_cls, fault_hooks)
         finally:
             # On the loop thread: shutdown() cancels vLLM's output handler task, which is only

@@ -32,7 +32,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from copy import copy
 from typing import Any
@@ -423,10 +423,15 @@ async def open_core_engine(
     *,
     make_info: Any,
     fault_hooks: bool = False,
+    extra_seqs: Callable[[int], int] | None = None,
 ) -> AsyncIterator[VllmCoreEngine]:
     """Start vLLM's engine core for ``engine_args`` (``AsyncEngineArgs`` keywords) and drive it
     from this Trio thread; stop it on exit. ``make_info(model_config)`` gives ModelInfo and the
-    tokenizer (awaitable)."""
+    tokenizer (awaitable).
+
+    ``extra_seqs(max_num_seqs)``: how many sequences to add to the scheduler's running cap as
+    configured (the operator's ``max_num_seqs`` or vLLM's default for the platform), for the
+    admission reserve (``braid.admit``); ModelInfo reports both."""
 
     def start() -> tuple[Any, ...]:
         from vllm import AsyncEngineArgs
@@ -442,6 +447,11 @@ async def open_core_engine(
 
         maybe_register_config_serialize_by_value()
         config = AsyncEngineArgs(**engine_args).create_engine_config()
+        seqs = config.scheduler_config.max_num_seqs
+        extra = extra_seqs(seqs) if extra_seqs is not None else 0
+        if extra:
+            # Built again rather than patched: vLLM derives other settings from the cap.
+            config = AsyncEngineArgs(**{**engine_args, "max_num_seqs": seqs + extra}).create_engine_config()
         renderer = renderer_from_config(config)
         inputs = InputProcessor(config, renderer)
         # No stat loggers: braid's /metrics does not show vLLM's engine statistics, and without
@@ -457,6 +467,7 @@ async def open_core_engine(
             renderer=renderer,
         )
         return (
+            extra,
             config,
             renderer,
             inputs,
@@ -469,6 +480,7 @@ async def open_core_engine(
         )
 
     (
+        extra,
         config,
         renderer,
         inputs,
@@ -481,6 +493,7 @@ async def open_core_engine(
     ) = await trio.to_thread.run_sync(start)
     try:
         info, tokenizer = await make_info(config.model_config)
+        info = attrs.evolve(info, max_num_seqs=config.scheduler_config.max_num_seqs, reserved_seqs=extra)
         engine = VllmCoreEngine(
             client, inputs, outputs, (), info, tokenizer, kind, params_cls, parent_cls, request_types, fault_hooks
         )

@@ -58,8 +58,8 @@ class BraidApp(QuartTrio):
         return self.extensions["braid"]
 
 
-def _json(body: bytes, status: int = 200) -> Response:
-    return Response(body, status=status, mimetype="application/json")
+def _json(body: bytes, status: int = 200, headers: tuple[tuple[str, str], ...] = ()) -> Response:
+    return Response(body, status=status, mimetype="application/json", headers=dict(headers))
 
 
 def create_app(engine: Engine, settings: Settings | None = None, metrics: Metrics | None = None) -> BraidApp:
@@ -68,11 +68,12 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
     app = BraidApp("braid")
     state = AppState(engine, settings, metrics or Metrics())
     state.metrics.track_engine_unfinished(engine.unfinished_requests)
+    state.metrics.track_admission(lambda: state.admission.in_use, lambda: state.admission.queued)
     app.extensions["braid"] = state
 
     @app.errorhandler(BraidError)
     async def _braid_error(err: BraidError) -> Response:
-        return _json(error_body(err), err.status)
+        return _json(error_body(err), err.status, view.error_headers(err))
 
     @app.errorhandler(HTTPException)
     async def _http_error(err: HTTPException) -> Response:
@@ -97,7 +98,7 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
             request_id=request.headers.get("X-Request-Id"),
         )
         if isinstance(result, JsonResponse):
-            return _json(result.body, result.status)
+            return _json(result.body, result.status, result.headers)
         response = Response(
             result,
             status=200,

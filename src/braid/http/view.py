@@ -13,17 +13,20 @@ imports the quart app.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import cast
 
 import attrs
 import trio
 
+from braid.admit import Admission, admission_for
 from braid.encode import error_body
 from braid.engine.base import Engine
-from braid.errors import BraidError, EngineUnavailable, ModelNotFound, SchemaError
+from braid.errors import BraidError, DeadlineExceeded, EngineUnavailable, ModelNotFound, SchemaError
 from braid.http.body import CompletionStream
 from braid.merge import ResponseCollector, StreamMerger
 from braid.metrics import Metrics
@@ -32,6 +35,12 @@ from braid.request import Limits, parse_request
 from braid.run import Arrival, CompletionRun
 from braid.settings import Settings
 from braid.tokenize import encode_prompts
+
+DRAINING_RETRY_AFTER = 5
+"""Seconds a client of a draining server is told to wait: behind a proxy its retry reaches a
+replica that is not draining, and a restarted server is back within seconds."""
+DEAD_ENGINE_RETRY_AFTER = 30
+"""Seconds a client is told to wait when the engine has died: a supervisor restarts the process."""
 
 
 def _limits(state: AppState) -> Limits:
@@ -52,6 +61,9 @@ class AppState:
     settings: Settings
     metrics: Metrics
     limits: Limits = attrs.field(default=attrs.Factory(_limits, takes_self=True))
+    admission: Admission = attrs.field(
+        default=attrs.Factory(lambda self: admission_for(self.settings, self.engine.info), takes_self=True)
+    )
     draining: bool = False
     # One large batch tokenizes on a worker thread at a time (the tokenizer's worker copy is
     # not shared between threads; see braid.tokenize).
@@ -67,6 +79,7 @@ class JsonResponse:
 
     status: int
     body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 async def completions(
@@ -81,8 +94,10 @@ async def completions(
 
     * Every :class:`~braid.errors.BraidError` before a response is committed comes back as its
       JSON error (status and vLLM's body): a body that is not JSON, an invalid or over-long
-      request (400), an unknown model (404), a draining server or dead engine (503). No engine
-      request has been opened by then.
+      request (400), an unknown model (404), a full admission queue (429, decided before the
+      body is read), a draining server or dead engine (503), a request that used up its
+      ``request_timeout`` before its run (408). 429 and 503 carry ``Retry-After``. No engine
+      request has been opened by then, and the request's admission ticket is closed.
     * A streaming request returns a :class:`CompletionStream`, not yet started: the caller sends
       it as quart sends a ``ResponseBody`` (``async with stream: async for data in stream:``),
       and its run opens in ``__aenter__``. Errors after that are SSE error events.
@@ -103,33 +118,57 @@ async def _completions(
     state: AppState, read_body: Callable[[], Awaitable[bytes]], content_type: str | None, request_id: str | None
 ) -> JsonResponse | CompletionStream:
     engine, settings = state.engine, state.settings
+    timeout = settings.request_timeout
+    deadline = trio.current_time() + timeout if timeout is not None else math.inf
     info = engine.info
     if (content_type or "").partition(";")[0].strip().lower() != "application/json":
         raise SchemaError("Unsupported Media Type: Only 'application/json' is allowed")
     if state.draining or not engine.healthy:
-        raise EngineUnavailable("The server is shutting down." if state.draining else "The engine is not running.")
-    req = parse_request(await read_body(), state.limits)
-    if req.model is not None and req.model != info.name:
-        raise ModelNotFound(f"The model `{req.model}` does not exist.", param="model")
-    rid = request_id or req.request_id
-    # The response id may be the client's own; the engine's ids must be unique, because a
-    # batch abort names the requests to drop by them (two clients may send the same id).
-    unique = state.new_id()
-    check_limits(req, info, engine.tokenizer)  # before tokenizing: an over-long text costs nothing
-    encoded = await encode_prompts(req, engine.tokenizer, state.tokenize_limiter)
-    plan = make_plan(
-        req,
-        info,
-        engine.tokenizer,
-        request_id=f"cmpl-{rid or unique}",
-        created=int(state.now()),
-        engine_request_id=f"cmpl-{rid}-{unique[:8]}" if rid else None,
-        encoded=encoded,
-        cached_tokens=settings.prompt_tokens_details,
-    )
-    run = CompletionRun(engine, plan, state.metrics, settings)
+        raise EngineUnavailable(
+            "The server is shutting down." if state.draining else "The engine is not running.",
+            retry_after=DRAINING_RETRY_AFTER if state.draining else DEAD_ENGINE_RETRY_AFTER,
+        )
+    try:
+        # Before the body is read or tokenized: a refused request costs nothing (vLLM counts its
+        # queue only after rendering the prompts).
+        ticket = state.admission.admit()
+    except BraidError:
+        state.metrics.rejected.inc()
+        raise
+    try:
+        req = parse_request(await read_body(), state.limits)
+        if req.model is not None and req.model != info.name:
+            raise ModelNotFound(f"The model `{req.model}` does not exist.", param="model")
+        state.admission.check_cost(req.sampling.n)
+        rid = request_id or req.request_id
+        # The response id may be the client's own; the engine's ids must be unique, because a
+        # batch abort names the requests to drop by them (two clients may send the same id).
+        unique = state.new_id()
+        check_limits(req, info, engine.tokenizer)  # before tokenizing: an over-long text costs nothing
+        with trio.move_on_at(deadline):
+            encoded = await encode_prompts(req, engine.tokenizer, state.tokenize_limiter)
+        if trio.current_time() >= deadline:
+            raise DeadlineExceeded(f"The request did not finish within its {timeout:g} s timeout.")
+        plan = make_plan(
+            req,
+            info,
+            engine.tokenizer,
+            request_id=f"cmpl-{rid or unique}",
+            created=int(state.now()),
+            engine_request_id=f"cmpl-{rid}-{unique[:8]}" if rid else None,
+            encoded=encoded,
+            cached_tokens=settings.prompt_tokens_details,
+        )
+    except BaseException:
+        ticket.close()
+        raise
+    run = CompletionRun(engine, plan, state.metrics, settings, ticket=ticket, deadline=deadline)
     if plan.stream:
-        return CompletionStream(run, StreamMerger(plan, engine.tokenizer))
+        stream = CompletionStream(run, StreamMerger(plan, engine.tokenizer))
+        # The run closes the ticket when it ends; a stream that is never started (its client
+        # went away before quart sent it) must not keep its place in the queue.
+        weakref.finalize(stream, ticket.close)
+        return stream
     collector = ResponseCollector(plan, engine.tokenizer)
     async with run:
         while True:
@@ -142,7 +181,12 @@ async def _completions(
 
 
 def _error(err: BraidError) -> JsonResponse:
-    return JsonResponse(err.status, error_body(err))
+    return JsonResponse(err.status, error_body(err), error_headers(err))
 
 
-__all__ = ["AppState", "JsonResponse", "completions"]
+def error_headers(err: BraidError) -> tuple[tuple[str, str], ...]:
+    """The headers an error is answered with: ``Retry-After`` when the error names one."""
+    return (("Retry-After", str(err.retry_after)),) if err.retry_after is not None else ()
+
+
+__all__ = ["AppState", "JsonResponse", "completions", "error_headers"]

@@ -1,0 +1,237 @@
+"""Admit: the server's engine slots, shared round-robin between the requests admitted.
+
+One :class:`Admission` per app. Every completions request gets a :class:`Ticket` from
+:meth:`Admission.admit` before any tokenizing; the run then asks its ticket for slots, one prompt
+at a time in prompt order (:meth:`Ticket.acquire`), opens a prompt's engine request only once its
+slots are granted, and gives them back when that engine request has ended (:meth:`Ticket.release`).
+
+The rules, all of them here:
+
+* **Slots.** At most ``slots`` engine requests are in the engine at once, server wide; a prompt
+  with ``n`` choices costs ``n`` slots (vLLM runs ``n`` sequences for it). ``slots=0``: unbounded.
+* **Queue.** A ticket that has never held a slot is *queued*. :meth:`Admission.admit` refuses a
+  request with :class:`~braid.errors.TooManyRequests` (429) when ``max_queued`` tickets are
+  queued already and the new one could not start at once.
+* **Round-robin.** Tickets waiting for a slot stand in one ring, each with its one next prompt.
+  A freed slot goes to the ticket at the head of the ring; a ticket that wants another slot
+  after that joins the ring at its tail. So a request's wait for its first slot is bounded by
+  the number of requests ahead of it, not by their prompt counts; a large batch is served
+  progressively, in prompt order, as slots free up.
+* **Reserve.** The last ``reserve`` free slots go only to tickets that hold none: a newcomer
+  starts at once while a large batch holds the rest, instead of waiting for a slot to free up.
+  (With vLLM the engine is started with room for these; see ``docs/admission.md``.)
+* **Cancellation.** A cancelled :meth:`Ticket.acquire` leaves the ring and takes nothing, or
+  hands back at once what was granted to it as it was cancelled. :meth:`Ticket.close` returns
+  every slot the ticket still holds and drops its place in the queue; it is idempotent.
+
+Nothing here runs a task: grants happen inside :meth:`Ticket.release`, :meth:`Ticket.close` and
+:meth:`Ticket.acquire`, on the caller's stack, and wake the waiter they grant to.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+import attrs
+import trio
+
+from braid.engine.base import ModelInfo
+from braid.errors import InvalidRequest, TooManyRequests
+from braid.settings import Settings
+
+
+def default_reserve(max_num_seqs: int) -> int:
+    """The reserve for an engine that runs ``max_num_seqs`` at once: a sixteenth, at least one.
+
+    Enough for the requests that arrive during one wave of a large batch to start in the engine's
+    next step (``docs/admission.md``); small enough that the engine's per-step cost barely moves."""
+    return max(1, max_num_seqs // 16)
+
+
+@attrs.define(eq=False)
+class Admission:
+    slots: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    """Engine requests in the engine at once, server wide (0: unbounded)."""
+    max_queued: int = attrs.field(default=256, validator=attrs.validators.ge(0))
+    """Requests that may wait for their first slot."""
+    reserve: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    """Free slots kept for requests that hold none."""
+    retry_after: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+    """Seconds a refused client is told to wait (the ``Retry-After`` header)."""
+    observer: Callable[[str, Ticket, int], None] | None = None
+    """Told of every ``"ask"``, ``"grant"``, ``"cancel"`` (of an ask) and ``"release"``, with the ticket and the slots, at the
+    moment it happens (the property suite records them for the model; None in production)."""
+    in_use: int = 0
+    """Slots granted now."""
+    queued: int = 0
+    """Tickets that have never held a slot (and are not closed)."""
+    _ring: deque[Ticket] = attrs.Factory(deque)
+
+    def admit(self) -> Ticket:
+        """A ticket for one request, or :class:`TooManyRequests` when the queue is full.
+
+        A request that could start at once is never refused: only one that would wait behind a
+        full queue."""
+        if self.queued >= self.max_queued and not self._could_start_now(1):
+            raise TooManyRequests(
+                f"The server is at capacity: {self.queued} requests are waiting for the engine. "
+                f"Retry after {self.retry_after} s.",
+                retry_after=self.retry_after,
+            )
+        self.queued += 1
+        return Ticket(self)
+
+    def check_cost(self, cost: int) -> None:
+        """A prompt that costs more slots than the server has can never start: a 400 naming ``n``."""
+        if self.slots and cost > self.slots:
+            raise InvalidRequest(
+                f"n={cost} needs {cost} engine slots at once; this server has {self.slots} (--max-in-flight-requests).",
+                param="n",
+            )
+
+    @property
+    def waiting(self) -> int:
+        """Tickets in the ring now (each waits for the slots of its next prompt)."""
+        return len(self._ring)
+
+    def _could_start_now(self, cost: int) -> bool:
+        """Would a newcomer wanting ``cost`` slots get them now (see :meth:`_grant`)?"""
+        if not self.slots:
+            return True
+        free = self.slots - self.in_use
+        return cost <= free and all(t._want <= free for t in self._ring)
+
+    def _fits(self, cost: int, *, holds: int) -> bool:
+        if not self.slots:
+            return True
+        free = self.slots - self.in_use
+        return cost <= (free - self.reserve if holds else free)
+
+    def _grant(self) -> None:
+        """Grant in ring order to every ticket whose next prompt fits.
+
+        The scan stops at a ticket whose prompt does not fit in the free slots at all, so a
+        prompt that costs many slots is not starved by cheaper ones behind it. A ticket held back
+        only by the reserve (it holds slots already) is passed over for newcomers behind it:
+        that is what the reserve is for, and each newcomer takes at most one prompt's slots from
+        it before it holds slots itself. Other tickets holding slots never pass it."""
+        ring = self._ring
+        i = 0
+        passed = False  # a ticket held back by the reserve is behind us: only newcomers now
+        while i < len(ring):
+            ticket = ring[i]
+            if (not passed or not ticket.holds) and self._fits(ticket._want, holds=ticket.holds):
+                del ring[i]
+                self._take(ticket, ticket._want)
+                ticket._want = 0
+                assert ticket._event is not None
+                ticket._event.set()
+            elif ticket._want > self.slots - self.in_use:
+                return
+            else:
+                passed = True
+                i += 1
+
+    def _take(self, ticket: Ticket, cost: int) -> None:
+        if self.observer is not None:
+            self.observer("grant", ticket, cost)
+        if not ticket.started:
+            ticket.started = True
+            self.queued -= 1
+        self.in_use += cost
+        ticket.holds += cost
+
+
+def admission_for(settings: Settings, info: ModelInfo) -> Admission:
+    """The app's admission from its settings, defaulting to the engine's own running cap.
+
+    With no ``max_in_flight`` setting, braid admits what the engine runs at once (vLLM's
+    ``max_num_seqs``, which already includes the room braid added for the reserve), so nothing
+    braid hands over waits in vLLM's own first-come-first-served queue. An engine without a cap
+    (the scripted one) is unbounded unless a cap is set."""
+    slots = settings.max_in_flight if settings.max_in_flight is not None else (info.max_num_seqs or 0)
+    reserve = settings.reserve if settings.reserve is not None else info.reserved_seqs
+    if slots:
+        reserve = min(reserve, slots - 1)  # a request holding slots can always get one more
+    else:
+        reserve = 0
+    return Admission(slots=slots, max_queued=settings.max_queued, reserve=reserve)
+
+
+@attrs.define(eq=False)
+class Ticket:
+    """One request's share of the slots. Its owner (the run) acquires one prompt at a time."""
+
+    admission: Admission
+    holds: int = 0
+    """Slots this ticket holds now."""
+    started: bool = False
+    """It has held a slot (it no longer counts as queued)."""
+    closed: bool = False
+    _want: int = 0
+    _event: trio.Event | None = None
+
+    async def acquire(self, cost: int) -> None:
+        """Wait until ``cost`` slots are granted to this ticket.
+
+        Returns at once, without a checkpoint, when nobody is waiting and the slots are free.
+        Otherwise waits its turn in the ring (a checkpoint even if the turn comes at once). Cancelled, it takes nothing: slots granted at the
+        same moment are handed back before :class:`trio.Cancelled` propagates."""
+        adm = self.admission
+        assert not self.closed, "acquire on a closed ticket"
+        assert self._want == 0, "one acquire at a time"
+        if adm.observer is not None:
+            adm.observer("ask", self, cost)
+        if not adm._ring and adm._fits(cost, holds=self.holds):
+            adm._take(self, cost)
+            return
+        self._want = cost
+        self._event = event = trio.Event()
+        adm._ring.append(self)
+        adm._grant()  # the reserve may be this newcomer's though others wait
+        try:
+            await event.wait()
+        except BaseException:
+            if event.is_set():  # granted as it was cancelled: hand the slots back
+                self.release(cost)
+            else:
+                if adm.observer is not None:
+                    adm.observer("cancel", self, cost)
+                adm._ring.remove(self)
+                self._want = 0
+                adm._grant()  # a head that could not fit may have been this one
+            raise
+        finally:
+            self._event = None
+
+    def release(self, cost: int) -> None:
+        """Hand back ``cost`` slots (a prompt's engine request ended), granting them on at once."""
+        assert 0 < cost <= self.holds
+        if self.admission.observer is not None:
+            self.admission.observer("release", self, cost)
+        self.holds -= cost
+        self.admission.in_use -= cost
+        self.admission._grant()
+
+    def close(self) -> None:
+        """Hand back every slot still held and leave the queue. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        adm = self.admission
+        if self._want:
+            adm._ring.remove(self)
+            self._want = 0
+        if not self.started:
+            self.started = True
+            adm.queued -= 1
+        if self.holds:
+            if adm.observer is not None:
+                adm.observer("release", self, self.holds)
+            adm.in_use -= self.holds
+            self.holds = 0
+        adm._grant()
+
+
+__all__ = ["Admission", "Ticket", "admission_for", "default_reserve"]
