@@ -9,10 +9,14 @@
     ├── ModelNotFound           (404 NotFoundError)
     ├── EngineError             (500 InternalServerError) generation failed mid-way
     ├── EngineUnavailable       (503 ServiceUnavailableError) the engine is dead or draining
-    └── StreamStalled           (408 RequestTimeout)    the client stopped reading
+    ├── StreamStalled           (408 RequestTimeout)    the client stopped reading
+    ├── BodyTooLarge            (413 "Request Entity Too Large") the body is over the limit
+    └── BodyTimeout             (408 "Request Timeout")  the body did not arrive in time
 
 Every error renders to vLLM's body ``{"error": {"message", "type", "param", "code"}}``, where
-``code`` is the integer HTTP status and ``type`` is vLLM's string for that class of error.
+``code`` is the integer HTTP status and ``type`` is vLLM's string for that class of error; for
+the errors of the HTTP edge that vLLM's server leaves to its framework, the status's phrase, as
+vLLM renders an ``HTTPException``.
 """
 
 from __future__ import annotations
@@ -74,3 +78,17 @@ class StreamStalled(BraidError):
 
     status = 408
     type = "RequestTimeout"
+
+
+class BodyTooLarge(BraidError):
+    """The request body is larger than ``Settings.max_body_bytes`` (declared or as it arrived)."""
+
+    status = 413
+    type = "Request Entity Too Large"
+
+
+class BodyTimeout(BraidError):
+    """The request body had not all arrived ``Settings.body_timeout`` seconds into reading it."""
+
+    status = 408
+    type = "Request Timeout"

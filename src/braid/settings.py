@@ -25,6 +25,18 @@ class Settings:
     """An idle stream sends an SSE comment after this many seconds."""
     prompt_tokens_details: bool = False
     """vLLM's --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens."""
+    # Holds a full batch (1024 prompts) of 4000 token ids each at the widest, six digits and ", "
+    # (tests/http/test_limits.py), about four times the default model's context. Longer contexts
+    # at full batch need more; more also means more for braid to decode in memory per request.
+    max_body_bytes: int = attrs.field(default=32 * 2**20, validator=attrs.validators.gt(0))
+    """A larger request body is a 413, refused while it is read (braid.http.limits)."""
+    # The largest body at 10 Mbit/s takes 27 s: a slow link is not a stalled client.
+    body_timeout: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
+    """A request body not all there this many seconds after braid starts reading it is a 408."""
+    # hypercorn's own HTTP/2 default, here for HTTP/1.1 too (hypercorn's there is 16 KiB), so one
+    # header block passes on both; long tokens and tracing headers from gateways fit with room.
+    max_header_bytes: int = attrs.field(default=64 * 2**10, validator=attrs.validators.gt(0))
+    """An unfinished header block hypercorn buffers; past it, its 431 and the connection closes."""
 
 
 __all__ = ["Settings"]
