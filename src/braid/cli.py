@@ -52,6 +52,13 @@ def _positive(text: str) -> float:
     return value
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, not {text}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="braid", description="Batched OpenAI-compatible completions on Trio.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -111,6 +118,24 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="usage reports prompt_tokens_details.cached_tokens: the prompt tokens found in the "
         "engine's prefix cache, summed over a batch's prompts",
+    )
+    h.add_argument(
+        "--max-body-bytes",
+        type=_positive_int,
+        default=DEFAULTS.max_body_bytes,
+        help="413 for a larger request body, refused as it is read (declared or sent)",
+    )
+    h.add_argument(
+        "--body-timeout",
+        type=_positive,
+        default=DEFAULTS.body_timeout,
+        help="408 for a request body not all received this many seconds after braid starts reading it",
+    )
+    h.add_argument(
+        "--max-header-bytes",
+        type=_positive_int,
+        default=DEFAULTS.max_header_bytes,
+        help="hypercorn's 431 for a larger request header block (HTTP/1.1; HTTP/2: the header list)",
     )
     h.add_argument("--graceful-timeout", type=float, default=10.0, help="drain time after SIGTERM (seconds)")
     h.add_argument("--keep-alive", type=float, default=75.0, help="idle keep-alive timeout (seconds)")
@@ -231,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
         stall_timeout=args.stall_timeout,
         heartbeat=args.heartbeat,
         prompt_tokens_details=args.enable_prompt_tokens_details,
+        max_body_bytes=args.max_body_bytes,
+        body_timeout=args.body_timeout,
+        max_header_bytes=args.max_header_bytes,
     )
     cfg = ServerConfig(
         args.host, args.port, args.graceful_timeout, args.keep_alive, args.access_log, fast_send=not args.stock_send
