@@ -173,3 +173,27 @@ def test_settings_refuse_a_zero_heartbeat() -> None:
 
     with pytest.raises(ValueError):
         Settings(heartbeat=0)
+
+
+@pytest.mark.parametrize(
+    ("engine_arg", "named"),
+    [
+        ("max_num_queued_reqs=5", "--max-queued-requests"),
+        ("max-num-queued-tokens=4096", "--max-in-flight-requests"),
+        ("data_parallel_size=2", "rank 0"),
+    ],
+)
+def test_engine_args_braid_would_not_honour_stop_it_before_any_engine(
+    engine_arg: str, named: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import braid.cli
+
+    def started(args: object) -> None:
+        raise AssertionError("an engine was started")
+
+    monkeypatch.setattr(braid.cli, "open_engine", started)
+    with pytest.raises(SystemExit) as exit_:
+        braid.cli.main(["serve", "--engine", "vllm", "--engine-arg", engine_arg])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert engine_arg.split("=")[0].replace("-", "_") in err and named in err

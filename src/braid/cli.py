@@ -22,6 +22,7 @@ import trio
 
 from braid.engine.base import Engine
 from braid.engine.scripted import ScriptedEngine
+from braid.engine.vllm_common import check_engine_args
 from braid.settings import Settings
 
 # Nothing here imports quart at module level: vLLM's engine process is started with "spawn",
@@ -248,7 +249,13 @@ def main(argv: list[str] | None = None) -> int:
     from braid.http.app import create_app
     from braid.server import ServerConfig, serve
 
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        # before the default model is built or any engine starts
+        check_engine_args(_vllm_kwargs(args, default_model=args.model is None))
+    except ValueError as exc:
+        parser.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings(
         max_prompts=args.max_prompts,
