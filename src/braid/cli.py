@@ -104,23 +104,6 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--max-prompts", type=int, default=DEFAULTS.max_prompts, help="prompts per request")
     h.add_argument("--max-choices", type=int, default=DEFAULTS.max_choices, help="prompts x n per request")
     h.add_argument(
-        "--stall-timeout",
-        type=_positive,
-        default=DEFAULTS.stall_timeout,
-        help="abort a stream when its client has taken none of braid's output for this long "
-        "(seconds): the engine's buffer for the stream stayed full, so a reader too slow to take "
-        f"one chunk (up to {DEFAULTS.buffer} events) in this time is cut",
-    )
-    h.add_argument(
-        "--heartbeat", type=_positive, default=DEFAULTS.heartbeat, help="SSE comment after this many idle seconds"
-    )
-    h.add_argument(
-        "--enable-prompt-tokens-details",
-        action="store_true",
-        help="usage reports prompt_tokens_details.cached_tokens: the prompt tokens found in the "
-        "engine's prefix cache, summed over a batch's prompts",
-    )
-    h.add_argument(
         "--max-body-bytes",
         type=_positive_int,
         default=DEFAULTS.max_body_bytes,
@@ -137,6 +120,23 @@ def _parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=DEFAULTS.max_header_bytes,
         help="hypercorn's 431 for a larger request header block (HTTP/1.1; HTTP/2: the header list)",
+    )
+    h.add_argument(
+        "--stall-timeout",
+        type=_positive,
+        default=DEFAULTS.stall_timeout,
+        help="abort a stream when its client has taken none of braid's output for this long "
+        "(seconds): the engine's buffer for the stream stayed full, so a reader too slow to take "
+        f"one chunk (up to {DEFAULTS.buffer} events) in this time is cut",
+    )
+    h.add_argument(
+        "--heartbeat", type=_positive, default=DEFAULTS.heartbeat, help="SSE comment after this many idle seconds"
+    )
+    h.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="usage reports prompt_tokens_details.cached_tokens: the prompt tokens found in the "
+        "engine's prefix cache, summed over a batch's prompts",
     )
     h.add_argument("--graceful-timeout", type=float, default=10.0, help="drain time after SIGTERM (seconds)")
     h.add_argument("--keep-alive", type=float, default=75.0, help="idle keep-alive timeout (seconds)")
@@ -260,12 +260,12 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(
         max_prompts=args.max_prompts,
         max_choices=args.max_choices,
-        stall_timeout=args.stall_timeout,
-        heartbeat=args.heartbeat,
-        prompt_tokens_details=args.enable_prompt_tokens_details,
         max_body_bytes=args.max_body_bytes,
         body_timeout=args.body_timeout,
         max_header_bytes=args.max_header_bytes,
+        stall_timeout=args.stall_timeout,
+        heartbeat=args.heartbeat,
+        prompt_tokens_details=args.enable_prompt_tokens_details,
     )
     cfg = ServerConfig(
         args.host, args.port, args.graceful_timeout, args.keep_alive, args.access_log, fast_send=not args.stock_send
