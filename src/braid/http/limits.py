@@ -5,6 +5,8 @@
   closes the connection (HTTP/2: the header list, over which hypercorn ends the connection). No
   app code runs. h11 checks between socket reads, so a block that arrives whole in one read
   (hypercorn reads up to 64 KiB at a time) may be larger: the bound is on memory, not exact.
+  How long a header block may take is bounded only by hypercorn's idle timer (``--keep-alive``),
+  which runs until a whole request head has arrived.
 * **The body** is read by quart into memory as it arrives, and :func:`read_body` waits for all
   of it:
 
