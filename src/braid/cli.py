@@ -119,7 +119,7 @@ def _parser() -> argparse.ArgumentParser:
         "--max-header-bytes",
         type=_positive_int,
         default=DEFAULTS.max_header_bytes,
-        help="hypercorn's 431 for a larger request header block (HTTP/1.1; HTTP/2: the header list)",
+        help="hypercorn's 431 for a larger unfinished request header block (HTTP/1.1; HTTP/2 keeps h2's 64 KiB)",
     )
     h.add_argument(
         "--stall-timeout",

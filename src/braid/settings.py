@@ -25,8 +25,9 @@ class Settings:
     # The largest body at 10 Mbit/s takes 27 s: a slow link is not a stalled client.
     body_timeout: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
     """A request body not all there this many seconds after braid starts reading it is a 408."""
-    # hypercorn's own HTTP/2 default, here for HTTP/1.1 too (hypercorn's there is 16 KiB), so one
-    # header block passes on both; long tokens and tracing headers from gateways fit with room.
+    # What h2 enforces on HTTP/2 whatever hypercorn is told, here for HTTP/1.1 too (hypercorn's
+    # default there is 16 KiB), so one header block passes on both; long tokens and tracing
+    # headers from gateways fit with room.
     max_header_bytes: int = attrs.field(default=64 * 2**10, validator=attrs.validators.gt(0))
     """An unfinished header block hypercorn buffers; past it, its 431 and the connection closes."""
     buffer: int = attrs.field(default=64, validator=attrs.validators.gt(0))

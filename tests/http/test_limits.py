@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 
+import h2.config
+import h2.connection
+import h2.events
 import httpx
 import hypercorn.config
 import pytest
@@ -155,10 +158,34 @@ async def test_a_header_block_over_the_limit_is_hypercorns_431(nursery: trio.Nur
     assert await send_header_block(server, size) == status
 
 
-def test_one_header_limit_for_both_protocols() -> None:
+def test_the_header_limit_is_hypercorns_and_advertised_on_http2() -> None:
     config = hypercorn.config.Config()
     configure_hypercorn(config, Settings(max_header_bytes=12345))
     assert config.h11_max_incomplete_size == config.h2_max_header_list_size == 12345
+
+
+async def http2_get_with_header(server: LiveServer, size: int) -> type[h2.events.Event]:
+    """GET /health over HTTP/2 (prior knowledge) with a header of ``size`` bytes: the event that
+    ends the exchange, StreamEnded (served) or ConnectionTerminated."""
+    stream = await connect(server)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    headers = [(":method", "GET"), (":path", "/health"), (":scheme", "http"), (":authority", "braid")]
+    conn.send_headers(1, [*headers, ("x-big", "a" * size)], end_stream=True)
+    await stream.send_all(conn.data_to_send())
+    with trio.fail_after(5):
+        while data := await stream.receive_some():
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.StreamEnded | h2.events.ConnectionTerminated):
+                    return type(event)
+            await stream.send_all(conn.data_to_send())
+    raise AssertionError("closed without an answer")
+
+
+async def test_http2_bounds_the_header_list_at_the_default(nursery: trio.Nursery) -> None:
+    server = await start_server(nursery)
+    assert await http2_get_with_header(server, 40 * 1024) is h2.events.StreamEnded
+    assert await http2_get_with_header(server, 70 * 1024) is h2.events.ConnectionTerminated
 
 
 async def test_the_default_header_limit_is_braids_not_hypercorns(nursery: trio.Nursery) -> None:

@@ -2,9 +2,11 @@
 
 * **The header block** is read by hypercorn, which buffers at most ``Settings.max_header_bytes``
   of one that is still unfinished; past that it answers a 431 with an empty body itself and
-  closes the connection (HTTP/2: the header list, over which hypercorn ends the connection). No
-  app code runs. h11 checks between socket reads, so a block that arrives whole in one read
-  (hypercorn reads up to 64 KiB at a time) may be larger: the bound is on memory, not exact.
+  closes the connection. No app code runs. h11 checks between socket reads, so a block that
+  arrives whole in one read (hypercorn reads up to 64 KiB at a time) may be larger: the bound is
+  on memory, not exact. On HTTP/2 hypercorn only advertises the value: h2 enforces its own fixed
+  64 KiB header list (the default here, so that one header block passes on both protocols) and
+  ends the connection over it.
   How long a header block may take is bounded only by hypercorn's idle timer (``--keep-alive``),
   which runs until a whole request head has arrived.
 * **The body** is read by quart into memory as it arrives, and :func:`read_body` waits for all
@@ -39,7 +41,7 @@ def configure_quart(app: Quart, settings: Settings) -> None:
 
 
 def configure_hypercorn(config: hypercorn.config.Config, settings: Settings) -> None:
-    """Bound the header block on both protocols hypercorn speaks in the clear."""
+    """Bound the header block on HTTP/1.1, and advertise the bound on HTTP/2."""
     config.h11_max_incomplete_size = settings.max_header_bytes
     config.h2_max_header_list_size = settings.max_header_bytes
 
