@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -129,7 +130,35 @@ def test_switch_interval_is_shortened_only_for_two_busy_threads() -> None:
         sys.setswitchinterval(saved)
 
 
-@pytest.mark.parametrize("flag", ["--heartbeat", "--stall-timeout"])
+def _exchange(url: str, data: bytes) -> bytes:
+    """Send raw bytes, then read until braid closes the connection (at most 5 s)."""
+    host, _, port = url.removeprefix("http://").rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(data)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    return received
+
+
+def test_the_read_limits_reach_the_server() -> None:
+    proc, url = _start("--max-body-bytes", "1000", "--body-timeout", "0.5", "--max-header-bytes", "2048")
+    try:
+        r = httpx.post(url + "/v1/completions", json={"prompt": "x" * 1000}, timeout=10)
+        assert r.status_code == 413 and "1000 bytes" in r.json()["error"]["message"]
+        started = time.monotonic()
+        head = b"POST /v1/completions HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\n"
+        answer = _exchange(url, head + b"Content-Length: 100\r\n\r\n{")
+        assert answer.startswith(b"HTTP/1.1 408") and time.monotonic() - started < 3
+        assert _exchange(url, b"GET /health HTTP/1.1\r\nX-Big: " + b"a" * 3000).startswith(b"HTTP/1.1 431")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+
+
+@pytest.mark.parametrize(
+    "flag", ["--heartbeat", "--stall-timeout", "--body-timeout", "--max-body-bytes", "--max-header-bytes"]
+)
 @pytest.mark.parametrize("value", ["0", "-1"])
 def test_periods_must_be_positive(flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
     from braid.cli import _parser
@@ -160,3 +189,27 @@ def test_admission_flags_reach_the_server() -> None:
     assert (adm.slots, adm.max_queued, adm.reserve) == (8, 3, 2)
     assert _extra_seqs(2)(64) == 2 and _extra_seqs(None)(64) == 4
     assert settings_from(_parser().parse_args(["serve"])).max_in_flight is None  # the engine decides
+
+
+@pytest.mark.parametrize(
+    ("engine_arg", "named"),
+    [
+        ("max_num_queued_reqs=5", "--max-queued-requests"),
+        ("max-num-queued-tokens=4096", "--max-in-flight-requests"),
+        ("data_parallel_size=2", "rank 0"),
+    ],
+)
+def test_engine_args_braid_would_not_honour_stop_it_before_any_engine(
+    engine_arg: str, named: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import braid.cli
+
+    def started(args: object) -> None:
+        raise AssertionError("an engine was started")
+
+    monkeypatch.setattr(braid.cli, "open_engine", started)
+    with pytest.raises(SystemExit) as exit_:
+        braid.cli.main(["serve", "--engine", "vllm", "--engine-arg", engine_arg])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert engine_arg.split("=")[0].replace("-", "_") in err and named in err

@@ -270,8 +270,52 @@ def test_n_is_bounded_by_max_n() -> None:
     limits = Limits(max_n=4, vocab_size=VOCAB)
     assert parse(n=4, limits=limits).sampling.n == 4
     err = refuse(n=5, limits=limits)
-    assert (err.type, err.param) == ("BadRequestError", None)
+    assert (err.type, err.param) == ("BadRequestError", "n")
     assert err.message == "n must be between 1 and 4, got 5."
+
+
+# braid's own caps (Limits): over the cap a 400 naming the field; at the cap accepted.
+WIDE = Limits(vocab_size=4096)
+CAPS = [
+    ({"stop": "x" * 1025}, {"stop": "x" * 1024}, "stop"),
+    ({"stop": ["a", "x" * 1025]}, {"stop": ["a", "x" * 1024]}, "stop"),
+    ({"stop_token_ids": [1] * 1025}, {"stop_token_ids": [1] * 1024}, "stop_token_ids"),
+    (
+        {"logit_bias": {str(i): 1.0 for i in range(1025)}},
+        {"logit_bias": {str(i): 1.0 for i in range(1024)}},
+        "logit_bias",
+    ),
+    ({"bad_words": ["w"] * 129}, {"bad_words": ["w"] * 128}, "bad_words"),
+    ({"bad_words": ["x" * 1025]}, {"bad_words": ["x" * 1024]}, "bad_words"),
+    ({"request_id": "r" * 257}, {"request_id": "r" * 256}, "request_id"),
+    ({"n": 257}, {"n": 256}, "n"),
+    ({"top_k": 2**63}, {"top_k": 2**63 - 1}, "top_k"),
+]
+
+
+@pytest.mark.parametrize(("over", "at", "param"), CAPS, ids=lambda v: repr(v)[:40])
+def test_each_cap_is_a_400_naming_its_field(over: dict, at: dict, param: str) -> None:
+    err = refuse(limits=WIDE, **over)
+    assert (err.type, err.param) == ("BadRequestError", param)
+    assert param in err.message
+    parse(limits=WIDE, **at)
+
+
+def test_caps_are_checked_before_the_entries() -> None:
+    """A long list is refused by its length, before each entry is checked (out of vocabulary here)."""
+    err = refuse(stop_token_ids=[VOCAB] * 1025)
+    assert err.message == "stop_token_ids may hold at most 1024 entries, got 1025."
+    err = refuse(logit_bias={str(VOCAB + i): 1.0 for i in range(1025)})
+    assert err.message == "logit_bias may hold at most 1024 entries, got 1025."
+
+
+def test_caps_come_from_the_limits() -> None:
+    limits = Limits(vocab_size=VOCAB, max_word_chars=3, max_stop_token_ids=2, max_logit_bias=1, max_bad_words=1)
+    assert refuse(stop=["abc", "abcd"], limits=limits).message == "stop[1] has 4 characters; at most 3 are allowed."
+    assert refuse(stop_token_ids=[1, 2, 3], limits=limits).param == "stop_token_ids"
+    assert refuse(logit_bias={"1": 1, "2": 1}, limits=limits).param == "logit_bias"
+    assert refuse(bad_words=["a", "b"], limits=limits).param == "bad_words"
+    assert parse(stop="abc", stop_token_ids=[1, 2], logit_bias={"1": 1}, bad_words=["abc"], limits=limits)
 
 
 def test_echo_with_max_tokens_zero_keeps_zero() -> None:

@@ -23,6 +23,7 @@ import trio
 from braid.admit import default_reserve
 from braid.engine.base import Engine
 from braid.engine.scripted import ScriptedEngine
+from braid.engine.vllm_common import check_engine_args
 from braid.settings import Settings
 
 # Nothing here imports quart at module level: vLLM's engine process is started with "spawn",
@@ -48,6 +49,13 @@ DEFAULTS = Settings()
 
 def _positive(text: str) -> float:
     value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, not {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, not {text}")
     return value
@@ -96,6 +104,24 @@ def _parser() -> argparse.ArgumentParser:
     h = s.add_argument_group("front end")
     h.add_argument("--max-prompts", type=int, default=DEFAULTS.max_prompts, help="prompts per request")
     h.add_argument("--max-choices", type=int, default=DEFAULTS.max_choices, help="prompts x n per request")
+    h.add_argument(
+        "--max-body-bytes",
+        type=_positive_int,
+        default=DEFAULTS.max_body_bytes,
+        help="413 for a larger request body, refused as it is read (declared or sent)",
+    )
+    h.add_argument(
+        "--body-timeout",
+        type=_positive,
+        default=DEFAULTS.body_timeout,
+        help="408 for a request body not all received this many seconds after braid starts reading it",
+    )
+    h.add_argument(
+        "--max-header-bytes",
+        type=_positive_int,
+        default=DEFAULTS.max_header_bytes,
+        help="hypercorn's 431 for a larger unfinished request header block (HTTP/1.1; HTTP/2 keeps h2's 64 KiB)",
+    )
     h.add_argument(
         "--stall-timeout",
         type=_positive,
@@ -265,6 +291,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(
         max_prompts=args.max_prompts,
         max_choices=args.max_choices,
+        max_body_bytes=args.max_body_bytes,
+        body_timeout=args.body_timeout,
+        max_header_bytes=args.max_header_bytes,
         stall_timeout=args.stall_timeout,
         heartbeat=args.heartbeat,
         prompt_tokens_details=args.enable_prompt_tokens_details,
@@ -279,7 +308,13 @@ def main(argv: list[str] | None = None) -> int:
     from braid.http.app import create_app
     from braid.server import ServerConfig, serve
 
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        # before the default model is built or any engine starts
+        check_engine_args(_vllm_kwargs(args, default_model=args.model is None))
+    except ValueError as exc:
+        parser.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_from(args)
     cfg = ServerConfig(

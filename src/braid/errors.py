@@ -11,12 +11,16 @@
     ├── EngineUnavailable       (503 ServiceUnavailableError) the engine is dead or draining
     ├── TooManyRequests         (429 TooManyRequestsError) the admission queue is full
     ├── StreamStalled           (408 RequestTimeout)    the client stopped reading
-    └── DeadlineExceeded        (408 RequestTimeout)    --request-timeout passed
+    ├── DeadlineExceeded        (408 RequestTimeout)    --request-timeout passed
+    ├── BodyTooLarge            (413 "Request Entity Too Large") the body is over the limit
+    └── BodyTimeout             (408 "Request Timeout")  the body did not arrive in time
 
 An error with ``retry_after`` set is answered with that ``Retry-After`` header (seconds).
 
 Every error renders to vLLM's body ``{"error": {"message", "type", "param", "code"}}``, where
-``code`` is the integer HTTP status and ``type`` is vLLM's string for that class of error.
+``code`` is the integer HTTP status and ``type`` is vLLM's string for that class of error; for
+the errors of the HTTP edge that vLLM's server leaves to its framework, the status's phrase, as
+vLLM renders an ``HTTPException``.
 """
 
 from __future__ import annotations
@@ -93,3 +97,17 @@ class StreamStalled(BraidError):
 
     status = 408
     type = "RequestTimeout"
+
+
+class BodyTooLarge(BraidError):
+    """The request body is larger than ``Settings.max_body_bytes`` (declared or as it arrived)."""
+
+    status = 413
+    type = "Request Entity Too Large"
+
+
+class BodyTimeout(BraidError):
+    """The request body had not all arrived ``Settings.body_timeout`` seconds into reading it."""
+
+    status = 408
+    type = "Request Timeout"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence, Sized
 from typing import Any, Literal
 
 import attrs
@@ -42,10 +43,30 @@ Prompt = TextPrompt | TokenPrompt
 
 @attrs.frozen
 class Limits:
+    """What one request may ask for; a field over its cap is a 400 naming the field.
+
+    The view builds them from the settings (``max_prompts``, ``max_choices``) and the model
+    (``max_logprobs``, ``vocab_size``). The caps beyond vLLM's own checks each bound work that one
+    request could otherwise make the engine or braid's thread do, at every step or as it is
+    added, and each sits far above what a real client sends.
+    """
+
     max_prompts: int = 1024
     max_choices: int = 4096
     max_n: int = 256
     max_stop: int = 64
+    # Every step searches the new text for each stop string, and a stream holds back the last
+    # len(stop) - 1 characters until it knows they are not a stop: a long one delays the stream.
+    # vLLM tokenizes each bad word (twice) as the request is added, on braid's Trio thread.
+    max_word_chars: int = 1024
+    """Characters in one stop string or bad word."""
+    max_stop_token_ids: int = 1024
+    max_logit_bias: int = 1024
+    """Entries of ``logit_bias``: each is applied at every step."""
+    max_bad_words: int = 128
+    """vLLM's ``VLLM_MAX_NUM_BAD_WORDS``, which vLLM counts only while it tokenizes the words."""
+    # The response id repeats the request id in every streamed event.
+    max_request_id_chars: int = 256
     max_logprobs: int = 20
     vocab_size: int = 2**31 - 1
 
@@ -317,6 +338,17 @@ def _check_range(name: str, value: float | None, lo: float, hi: float, *, lo_ope
         raise _bad(f"{name} must be in {bracket}{lo:g}, {hi:g}], got {value}.", name)
 
 
+def _check_count(name: str, value: Sized | None, cap: int) -> None:
+    if value is not None and len(value) > cap:
+        raise _bad(f"{name} may hold at most {cap} entries, got {len(value)}.", name)
+
+
+def _check_words(name: str, words: Sequence[str], cap: int) -> None:
+    for i, word in enumerate(words):
+        if len(word) > cap:
+            raise _bad(f"{name}[{i}] has {len(word)} characters; at most {cap} are allowed.", name)
+
+
 def _check_fields(b: _Body, limits: Limits) -> None:
     for name, message in _UNSUPPORTED.items():
         value = getattr(b, name)
@@ -334,8 +366,10 @@ def _check_fields(b: _Body, limits: Limits) -> None:
     if so is not None and (so.include_usage is not None or so.continuous_usage_stats is not None) and not b.stream:
         # vLLM checks the truthiness of the dict: `{}` is allowed without `stream`.
         raise _bad("Stream options can only be defined when `stream=True`.", "stream_options")
-    if b.n < 1 or b.n > limits.max_n:
-        raise _bad(f"n must be between 1 and {limits.max_n}, got {b.n}.")
+    if b.n < 1:
+        raise _bad(f"n must be between 1 and {limits.max_n}, got {b.n}.")  # vLLM names no param
+    if b.n > limits.max_n:
+        raise _bad(f"n must be between 1 and {limits.max_n}, got {b.n}.", "n")
     if b.max_tokens is not None and b.max_tokens < 1 and not (b.echo and b.max_tokens == 0):
         raise _bad(f"max_tokens must be at least 1, got {b.max_tokens}.", "max_tokens")
     _check_range("temperature", b.temperature, 0.0, 2.0)
@@ -349,6 +383,9 @@ def _check_fields(b: _Body, limits: Limits) -> None:
         raise _bad(f"repetition_penalty must be in (0, 2], got {b.repetition_penalty}.", "repetition_penalty")
     if b.top_k is not None and b.top_k < -1:
         raise _bad(f"top_k must be -1 or 0 (disable), or at least 1, got {b.top_k}.", "top_k")
+    if b.top_k is not None and b.top_k > INT64_MAX:
+        # vLLM treats any top_k over the vocabulary as off, but cannot send this one to its engine.
+        raise _bad(f"top_k must be a 64-bit integer, got {b.top_k}.", "top_k")
     if b.seed is not None and not INT64_MIN <= b.seed <= INT64_MAX:
         raise _bad(f"seed must be a 64-bit integer, got {b.seed}.", "seed")
     temperature = 1.0 if b.temperature is None else b.temperature
@@ -372,6 +409,16 @@ def _check_fields(b: _Body, limits: Limits) -> None:
         raise _bad("stop cannot contain an empty string.")
     if len(stops) > limits.max_stop:
         raise _bad(f"at most {limits.max_stop} stop strings are allowed, got {len(stops)}.", "stop")
+    _check_words("stop", stops, limits.max_word_chars)
+    _check_count("stop_token_ids", b.stop_token_ids, limits.max_stop_token_ids)
+    _check_count("logit_bias", b.logit_bias, limits.max_logit_bias)
+    _check_count("bad_words", b.bad_words, limits.max_bad_words)
+    _check_words("bad_words", b.bad_words or (), limits.max_word_chars)
+    if b.request_id is not None and len(b.request_id) > limits.max_request_id_chars:
+        raise _bad(
+            f"request_id may have at most {limits.max_request_id_chars} characters, got {len(b.request_id)}.",
+            "request_id",
+        )
     for name in ("stop_token_ids", "allowed_token_ids"):
         for t in getattr(b, name) or ():
             if not 0 <= t < limits.vocab_size:

@@ -18,6 +18,7 @@ import trio
 
 from braid.http.app import BraidApp
 from braid.http.fast_send import fast_send
+from braid.http.limits import configure_hypercorn
 
 log = logging.getLogger("braid")
 
@@ -80,5 +81,7 @@ async def serve(
                 await trio.sleep_forever()
         app.state.draining = True
 
+    config = hypercorn_config(cfg)
+    configure_hypercorn(config, app.state.settings)  # hypercorn reads the headers, by the app's limits
     with fast_send(cfg.fast_send):
-        await hypercorn.trio.serve(app, hypercorn_config(cfg), shutdown_trigger=trigger, task_status=task_status)
+        await hypercorn.trio.serve(app, config, shutdown_trigger=trigger, task_status=task_status)

@@ -1,8 +1,9 @@
 """The front end's options, with their defaults in one place.
 
 :class:`Settings` is built once per app (``braid serve``'s flags, or a test's values) and passed
-down whole: the view reads its limits from it, the run its buffer, stall timeout and heartbeat
-period. ``braid serve``'s flags take their defaults from ``Settings()``.
+down whole: the view reads its limits from it, :mod:`braid.http.limits` the bounds on reading a
+request, the run its buffer, stall timeout and heartbeat period. ``braid serve``'s flags take
+their defaults from ``Settings()``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,19 @@ class Settings:
     """Prompts per request."""
     max_choices: int = attrs.field(default=4096, validator=attrs.validators.gt(0))
     """Prompts x n per request."""
+    # Holds a full batch (1024 prompts) of 4000 token ids each at the widest, six digits and ", "
+    # (tests/http/test_limits.py), about four times the default model's context. Longer contexts
+    # at full batch need more; more also means more for braid to decode in memory per request.
+    max_body_bytes: int = attrs.field(default=32 * 2**20, validator=attrs.validators.gt(0))
+    """A larger request body is a 413, refused while it is read (braid.http.limits)."""
+    # The largest body at 10 Mbit/s takes 27 s: a slow link is not a stalled client.
+    body_timeout: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
+    """A request body not all there this many seconds after braid starts reading it is a 408."""
+    # What h2 enforces on HTTP/2 whatever hypercorn is told, here for HTTP/1.1 too (hypercorn's
+    # default there is 16 KiB), so one header block passes on both; long tokens and tracing
+    # headers from gateways fit with room.
+    max_header_bytes: int = attrs.field(default=64 * 2**10, validator=attrs.validators.gt(0))
+    """An unfinished header block hypercorn buffers; past it, its 431 and the connection closes."""
     buffer: int = attrs.field(default=64, validator=attrs.validators.gt(0))
     """Outputs a run's channel holds before its drivers wait for the consumer."""
     # Both > 0: a heartbeat of 0 would make every stream's clock spin (braid.heartbeat).

@@ -1,14 +1,15 @@
-"""vllm_sampling_params: braid's SamplingParams -> vLLM's, one field at a time."""
+"""vllm_sampling_params: braid's SamplingParams -> vLLM's, one field at a time; check_engine_args."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 
 import attrs
 import pytest
 
 from braid.engine.base import SamplingParams
-from braid.engine.vllm_common import vllm_sampling_params
+from braid.engine.vllm_common import check_engine_args, vllm_sampling_params
 
 NAMES = {field.name for field in attrs.fields(SamplingParams)}
 SET = SamplingParams(
@@ -80,3 +81,42 @@ def test_vllm_takes_every_field() -> None:
     assert NAMES <= set(sampling_params.SamplingParams.__struct_fields__)
     params = vllm_sampling_params(sampling_params.SamplingParams, sampling_params.RequestOutputKind, SET)
     assert (params.n, params.max_tokens, params.stop, params.bad_words) == (2, 5, ["x", "y"], ["no"])
+
+
+# --- engine arguments braid would not honour ------------------------------------------------------
+
+ADMISSION = ("max_num_queued_reqs", "max_num_queued_tokens")
+
+
+@pytest.mark.parametrize("name", ADMISSION)
+def test_vllms_admission_caps_are_refused_for_braids_own(name: str) -> None:
+    with pytest.raises(ValueError, match=name) as info:
+        check_engine_args({"max_num_seqs": 8, name: 5})
+    assert "--max-in-flight-requests" in str(info.value) and "--max-queued-requests" in str(info.value)
+
+
+def test_data_parallelism_is_refused() -> None:
+    with pytest.raises(ValueError, match="data_parallel_size=2") as info:
+        check_engine_args({"data_parallel_size": 2})
+    assert "rank 0" in str(info.value)
+
+
+def test_every_refusal_is_named_at_once() -> None:
+    with pytest.raises(ValueError) as info:
+        check_engine_args({"max_num_queued_reqs": 1, "max_num_queued_tokens": 1, "data_parallel_size": 4})
+    assert len(str(info.value).splitlines()) == 3
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"max_num_queued_reqs": None, "max_num_queued_tokens": None}, {"data_parallel_size": 1}, {"seed": 3}],
+    ids=repr,
+)
+def test_what_braid_honours_passes(kwargs: dict) -> None:
+    check_engine_args(kwargs)
+
+
+def test_the_refused_names_are_vllms() -> None:
+    arg_utils = pytest.importorskip("vllm.engine.arg_utils")
+    fields = {field.name for field in dataclasses.fields(arg_utils.AsyncEngineArgs)}
+    assert {*ADMISSION, "data_parallel_size"} <= fields

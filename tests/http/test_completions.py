@@ -133,6 +133,9 @@ BAD_BODIES = [
     ({"prompt": "x", "n": 0}, BRE, None),
     ({"prompt": "x", "max_tokens": 0}, BRE, "max_tokens"),
     ({"prompt": "x", "max_tokens": 100000}, BRE, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 10**12}, BRE, "max_tokens"),  # absurd: vLLM's own 400, not a clamp
+    ({"prompt": "x", "max_tokens": 2**70}, BRE, "max_tokens"),  # beyond what the engine's transport carries
+    ({"prompt": "x", "logit_bias": {str(i): 1.0 for i in range(1025)}}, BRE, "logit_bias"),
     ({"prompt": "x" * 3000}, BRE, "input_tokens"),
     ({"prompt": "x" * 2048, "max_tokens": 1}, BRE, "input_tokens"),  # 2049 tokens
     ({"prompt": "x" * 2047}, BRE, "max_tokens"),  # 2048 tokens: no room for one output token

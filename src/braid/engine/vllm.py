@@ -28,6 +28,7 @@ from braid.engine.base import Engine, EngineOutput, EngineRequest, FailureHandle
 from braid.engine.vllm_common import (
     CPU_ENGINE_ARGS,
     HfTokenizer,
+    check_engine_args,
     engine_outputs,
     fail_after,
     is_cpu_build,
@@ -162,10 +163,12 @@ async def open_vllm_engine(
 
     ``client="trio"`` (the default) drives vLLM's engine core from the Trio thread
     (:mod:`braid.engine.vllm_core`); ``"asyncio"`` runs vLLM's own ``AsyncLLM`` on an asyncio
-    thread through the bridge, which depends on less of vLLM's internals.
+    thread through the bridge, which depends on less of vLLM's internals. Engine arguments that
+    braid would not honour are refused (``ValueError``) before anything starts.
     """
     if client not in ENGINE_CLIENTS:
         raise ValueError(f"client must be one of {ENGINE_CLIENTS}, not {client!r}")
+    check_engine_args(engine_kwargs or {})
     cpu = is_cpu_build()
     prepare_environment(cpu=cpu)
     kwargs: dict[str, Any] = {"model": model, "enforce_eager": cpu}

@@ -34,6 +34,36 @@ CPU_ENVIRONMENT = {
 CPU_ENGINE_ARGS = {"enforce_eager": True, "dtype": "float32", "distributed_executor_backend": "uni"}
 
 
+# vLLM's admission caps (its --max-num-queued-reqs and --max-num-queued-tokens) are checked only
+# in AsyncLLM.add_request, which the default client (engine/vllm_core.py) does not call: the
+# engine would take every request while the flag promised otherwise. braid's own admission
+# limits replace them for both clients, so that a flag means the same with either.
+_ADMISSION_ARGS = ("max_num_queued_reqs", "max_num_queued_tokens")
+
+
+def check_engine_args(kwargs: Mapping[str, Any]) -> None:
+    """Refuse the vLLM engine arguments that braid would silently not honour: :class:`ValueError`
+    whose message names each one and what to use instead. Values that mean "off" (``None``, a
+    data-parallel size of 1) pass. ``braid serve`` calls it before anything starts, and
+    :func:`~braid.engine.vllm.open_vllm_engine`, where both clients start, calls it again."""
+    problems = [
+        f"--engine-arg {name} is not supported: vLLM checks it only in AsyncLLM.add_request, which "
+        "braid's default engine client does not call. Use braid's own admission limits: "
+        "--max-in-flight-requests and --max-queued-requests."
+        for name in _ADMISSION_ARGS
+        if kwargs.get(name) is not None
+    ]
+    dp = kwargs.get("data_parallel_size")
+    if isinstance(dp, int) and dp > 1:
+        problems.append(
+            f"--engine-arg data_parallel_size={dp} is not supported: braid drives one engine core and "
+            "would send every request to data-parallel rank 0. Run one braid per rank behind a load "
+            "balancer instead."
+        )
+    if problems:
+        raise ValueError("\n".join(problems))
+
+
 def prepare_environment(*, cpu: bool) -> None:
     """Set the environment vLLM reads at import time (values already set by the user win)."""
     for key, value in {**OFFLINE_ENVIRONMENT, **(CPU_ENVIRONMENT if cpu else {})}.items():

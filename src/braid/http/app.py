@@ -1,11 +1,11 @@
 """The quart-trio app: routes and error rendering.
 
 The completions view is :func:`braid.http.view.completions`, quart-free; the route here reads the
-body, calls it, and turns its answer into a quart ``Response`` (a JSON body, or the
-``CompletionStream`` as a ``text/event-stream`` body without quart's response timeout). The
-handlers below render what escapes a view: a :class:`~braid.errors.BraidError` as its JSON error,
-werkzeug's HTTP errors (e.g. a body over quart's size limit) in vLLM's format, anything else as a
-500.
+body (within the limits of :mod:`braid.http.limits`), calls it, and turns its answer into a quart
+``Response`` (a JSON body, or the ``CompletionStream`` as a ``text/event-stream`` body without
+quart's response timeout). The handlers below render what escapes a view: a
+:class:`~braid.errors.BraidError` as its JSON error, werkzeug's HTTP errors (e.g. an unknown route)
+in vLLM's format, anything else as a 500.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import braid
 from braid.encode import error_body
 from braid.engine.base import Engine
 from braid.errors import BraidError, error_payload
-from braid.http import view
+from braid.http import limits, view
 from braid.http.view import AppState, JsonResponse
 from braid.metrics import Metrics
 from braid.settings import Settings
@@ -66,6 +66,7 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
     settings = settings or Settings()
     info = engine.info
     app = BraidApp("braid")
+    limits.configure_quart(app, settings)
     state = AppState(engine, settings, metrics or Metrics())
     state.metrics.track_engine_unfinished(engine.unfinished_requests)
     state.metrics.track_admission(lambda: state.admission.in_use, lambda: state.admission.queued)
@@ -89,7 +90,7 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
     @app.post("/v1/completions")
     async def completions() -> Response:
         async def read_body() -> bytes:
-            return await request.get_data(cache=False, as_text=False, parse_form_data=False)
+            return await limits.read_body(request, settings)
 
         result = await view.completions(
             state,
