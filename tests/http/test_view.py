@@ -245,3 +245,13 @@ async def test_the_request_timeout_ends_the_request_with_a_408(
         assert json.loads(r.body)["error"]["type"] == "RequestTimeout"
     assert trio.current_time() == pytest.approx(1.5)
     assert engine.in_flight == 0 and engine.aborted_total == 2
+
+
+async def test_an_over_long_request_id_header_is_a_400() -> None:
+    st = state()
+    r = await completions(st, read(body()), content_type=JSON, request_id="x" * 257)
+    assert isinstance(r, JsonResponse) and r.status == 400
+    assert "X-Request-Id" in json.loads(r.body)["error"]["message"]
+    assert (st.admission.queued, started(st)) == (0, 0)
+    ok = await completions(st, read(body()), content_type=JSON, request_id="x" * 256)
+    assert ok.status == 200  # type: ignore[union-attr]

@@ -26,7 +26,14 @@ import trio
 from braid.admit import Admission, admission_for
 from braid.encode import error_body
 from braid.engine.base import Engine
-from braid.errors import BraidError, DeadlineExceeded, EngineUnavailable, ModelNotFound, SchemaError
+from braid.errors import (
+    BraidError,
+    DeadlineExceeded,
+    EngineUnavailable,
+    InvalidRequest,
+    ModelNotFound,
+    SchemaError,
+)
 from braid.http.body import CompletionStream
 from braid.merge import ResponseCollector, StreamMerger
 from braid.metrics import Metrics
@@ -140,6 +147,11 @@ async def _completions(
         if req.model is not None and req.model != info.name:
             raise ModelNotFound(f"The model `{req.model}` does not exist.", param="model")
         state.admission.check_cost(req.sampling.n)
+        if request_id is not None and len(request_id) > state.limits.max_request_id_chars:
+            # Repeated in every event of a stream, like the body's request_id, and capped alike.
+            raise InvalidRequest(
+                f"X-Request-Id may have at most {state.limits.max_request_id_chars} characters, got {len(request_id)}."
+            )
         rid = request_id or req.request_id
         # The response id may be the client's own; the engine's ids must be unique, because a
         # batch abort names the requests to drop by them (two clients may send the same id).
