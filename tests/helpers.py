@@ -10,7 +10,6 @@ import json
 import random
 import threading
 from collections import defaultdict
-from functools import partial
 from typing import Any
 
 import attrs
@@ -63,6 +62,8 @@ class LiveServer:
     engine: ScriptedEngine
     app: BraidApp
     shutdown: trio.Event
+    stopped: trio.Event
+    """Set when ``serve`` has returned (after a drain: every connection closed)."""
 
     def gauge(self, name: str) -> float:
         return self.app.state.metrics.registry.get_sample_value(name) or 0.0
@@ -81,14 +82,49 @@ class LiveServer:
 
 
 async def start_server(
-    nursery: trio.Nursery, *, token_delay: float = 0.0, fast_send: bool = True, **settings: object
+    nursery: trio.Nursery,
+    *,
+    token_delay: float = 0.0,
+    fast_send: bool = True,
+    write_timeout: float | None = None,
+    **settings: object,
 ) -> LiveServer:
+    """braid on the scripted engine, on a free loopback port. ``write_timeout`` defaults to the
+    stall timeout, as in ``braid serve``."""
     engine = ScriptedEngine(token_delay=token_delay)
-    app = create_app(engine, Settings(**settings))  # type: ignore[arg-type]
+    app_settings = Settings(**settings)  # type: ignore[arg-type]
+    app = create_app(engine, app_settings)
     shutdown = trio.Event()
-    cfg = ServerConfig(port=0, graceful_timeout=1.0, keep_alive_timeout=75.0, fast_send=fast_send)
-    urls = await nursery.start(partial(serve, app, cfg, shutdown=shutdown, handle_signals=False))
-    return LiveServer(urls[0], engine, app, shutdown)
+    stopped = trio.Event()
+    cfg = ServerConfig(
+        port=0,
+        graceful_timeout=1.0,
+        keep_alive_timeout=75.0,
+        fast_send=fast_send,
+        write_timeout=write_timeout or app_settings.stall_timeout,
+    )
+
+    async def run(task_status: trio.TaskStatus[list[str]]) -> None:
+        try:
+            await serve(app, cfg, shutdown=shutdown, handle_signals=False, task_status=task_status)
+        finally:
+            stopped.set()
+
+    urls = await nursery.start(run)
+    return LiveServer(urls[0], engine, app, shutdown, stopped)
+
+
+async def open_stalled_client(url: str, body: bytes) -> trio.SocketStream:
+    """A client that sends its request and then reads nothing, with a small receive buffer, so
+    the server's socket, then its stream buffer, then every driver back up behind it."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_STREAM)
+    sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)  # before connect: the window
+    await sock.connect((host, int(port)))
+    stream = trio.SocketStream(sock)
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    await stream.send_all(head.encode() + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    return stream
 
 
 @attrs.frozen

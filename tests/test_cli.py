@@ -129,7 +129,7 @@ def test_switch_interval_is_shortened_only_for_two_busy_threads() -> None:
         sys.setswitchinterval(saved)
 
 
-@pytest.mark.parametrize("flag", ["--heartbeat", "--stall-timeout"])
+@pytest.mark.parametrize("flag", ["--heartbeat", "--stall-timeout", "--write-timeout"])
 @pytest.mark.parametrize("value", ["0", "-1"])
 def test_periods_must_be_positive(flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
     from braid.cli import _parser
@@ -144,3 +144,14 @@ def test_settings_refuse_a_zero_heartbeat() -> None:
 
     with pytest.raises(ValueError):
         Settings(heartbeat=0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "write_timeout"),
+    [([], 30.0), (["--stall-timeout", "5"], 5.0), (["--stall-timeout", "5", "--write-timeout", "12"], 12.0)],
+)
+def test_the_write_timeout_follows_the_stall_timeout_unless_given(argv: list[str], write_timeout: float) -> None:
+    from braid.cli import _parser, _server_config
+
+    cfg = _server_config(_parser().parse_args(["serve", *argv]))
+    assert cfg.write_timeout == write_timeout

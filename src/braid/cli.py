@@ -15,7 +15,7 @@ import logging
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -23,6 +23,9 @@ import trio
 from braid.engine.base import Engine
 from braid.engine.scripted import ScriptedEngine
 from braid.settings import Settings
+
+if TYPE_CHECKING:
+    from braid.server import ServerConfig
 
 # Nothing here imports quart at module level: vLLM's engine process is started with "spawn",
 # which re-imports this module, and vLLM's CPU kernel set-up calls hasattr() on every module
@@ -113,6 +116,14 @@ def _parser() -> argparse.ArgumentParser:
         "engine's prefix cache, summed over a batch's prompts",
     )
     h.add_argument("--graceful-timeout", type=float, default=10.0, help="drain time after SIGTERM (seconds)")
+    h.add_argument(
+        "--write-timeout",
+        type=_positive,
+        default=None,
+        metavar="SECONDS",
+        help="reset a connection whose client takes less than 16 KiB of a response in this long "
+        "(braid.http.write_deadline); default: the stall timeout",
+    )
     h.add_argument("--keep-alive", type=float, default=75.0, help="idle keep-alive timeout (seconds)")
     h.add_argument("--access-log", action="store_true")
     h.add_argument(
@@ -219,9 +230,24 @@ def _set_switch_interval(seconds: float | None, *, two_threads: bool) -> None:
         sys.setswitchinterval(seconds)
 
 
+def _server_config(args: argparse.Namespace) -> ServerConfig:
+    from braid.server import ServerConfig  # imports quart: never at module level
+
+    return ServerConfig(
+        args.host,
+        args.port,
+        args.graceful_timeout,
+        args.keep_alive,
+        args.access_log,
+        fast_send=not args.stock_send,
+        # One timeout for a client that reads nothing, unless the connection's is set apart.
+        write_timeout=args.write_timeout or args.stall_timeout,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     from braid.http.app import create_app
-    from braid.server import ServerConfig, serve
+    from braid.server import serve
 
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -232,9 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         heartbeat=args.heartbeat,
         prompt_tokens_details=args.enable_prompt_tokens_details,
     )
-    cfg = ServerConfig(
-        args.host, args.port, args.graceful_timeout, args.keep_alive, args.access_log, fast_send=not args.stock_send
-    )
+    cfg = _server_config(args)
 
     async def run() -> None:
         async with open_engine(args) as engine:
