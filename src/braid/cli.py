@@ -56,6 +56,8 @@ def _positive(text: str) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from braid.server import ServerConfig  # imports quart: never at module level (see above)
+
     p = argparse.ArgumentParser(prog="braid", description="Batched OpenAI-compatible completions on Trio.")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="serve the OpenAI-compatible API")
@@ -123,6 +125,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="reset a connection whose client takes less than 16 KiB of a response in this long "
         "(braid.http.write_deadline); default: the stall timeout",
+    )
+    h.add_argument(
+        "--backlog",
+        type=int,
+        default=attrs.fields(ServerConfig).backlog.default,
+        help="listen queue length (capped by net.core.somaxconn)",
     )
     h.add_argument("--keep-alive", type=float, default=75.0, help="idle keep-alive timeout (seconds)")
     h.add_argument("--access-log", action="store_true")
@@ -242,6 +250,7 @@ def _server_config(args: argparse.Namespace) -> ServerConfig:
         fast_send=not args.stock_send,
         # One timeout for a client that reads nothing, unless the connection's is set apart.
         write_timeout=args.write_timeout or args.stall_timeout,
+        backlog=args.backlog,
     )
 
 

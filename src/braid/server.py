@@ -41,6 +41,11 @@ class ServerConfig:
     # (braid.http.write_deadline). The stall timeout's default, so that with the defaults a
     # client that reads nothing loses its engine work and its connection at about the same time.
     write_timeout: float = attrs.field(default=Settings().stall_timeout, validator=attrs.validators.gt(0))
+    # The listen queue: connections the kernel completes before the accept loop takes them.
+    # hypercorn's default is 100; uvicorn's (vLLM's server) is 2048. A burst of new connections
+    # beyond it is dropped by the kernel and retried by clients a second or more later. Linux
+    # caps it at net.core.somaxconn (4096 on kernels since 5.4).
+    backlog: int = attrs.field(default=2048, validator=attrs.validators.gt(0))
 
 
 class _HypercornConfig(hypercorn.config.Config):
@@ -53,6 +58,7 @@ class _HypercornConfig(hypercorn.config.Config):
 def hypercorn_config(cfg: ServerConfig) -> _HypercornConfig:
     config = _HypercornConfig()
     config.bind = [f"{cfg.host}:{cfg.port}"]
+    config.backlog = cfg.backlog
     config.graceful_timeout = cfg.graceful_timeout
     config.keep_alive_timeout = cfg.keep_alive_timeout
     config.accesslog = "-" if cfg.access_log else None
