@@ -7,7 +7,10 @@ modules import from one place and never from each other or from a conftest.
 from __future__ import annotations
 
 import json
+import os
 import random
+import socket
+import struct
 import threading
 from collections import defaultdict
 from typing import Any
@@ -125,6 +128,27 @@ async def open_stalled_client(url: str, body: bytes) -> trio.SocketStream:
     head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
     await stream.send_all(head.encode() + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
     return stream
+
+
+def listen_queue(port: int) -> tuple[int, int]:
+    """(connections waiting to be accepted, the backlog) of this process's socket listening on
+    ``port``, as the kernel holds them (Linux: a listening socket's ``tcp_info`` has its accept
+    queue's length in ``tcpi_unacked`` and its limit in ``tcpi_sacked``)."""
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except OSError:
+            continue  # not a socket
+        with sock:
+            try:
+                if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) or sock.getsockname()[1] != port:
+                    continue
+            except OSError:
+                continue
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+            unacked, sacked = struct.unpack_from("2I", info, 24)
+            return int(unacked), int(sacked)
+    raise AssertionError(f"no listening socket on port {port}")
 
 
 @attrs.frozen

@@ -157,9 +157,10 @@ def test_the_write_timeout_follows_the_stall_timeout_unless_given(argv: list[str
     assert cfg.write_timeout == write_timeout
 
 
-def test_backlog_and_stock_send_reach_the_server_config() -> None:
+def test_connection_options_reach_the_server_config() -> None:
     from braid.cli import _parser, _server_config
 
     assert _server_config(_parser().parse_args(["serve"])).backlog == 2048
-    cfg = _server_config(_parser().parse_args(["serve", "--backlog", "512", "--stock-send"]))
-    assert cfg.backlog == 512 and cfg.fast_send is False
+    cfg = _server_config(_parser().parse_args(["serve", "--backlog", "512", "--stock-send", "--accept-batch", "1"]))
+    assert cfg.backlog == 512 and cfg.fast_send is False and cfg.accept_batch == 1
+    assert _server_config(_parser().parse_args(["serve"])).accept_batch == 64

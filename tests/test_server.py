@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import struct
 from functools import partial
 
 import attrs
@@ -15,27 +12,7 @@ from braid.engine.scripted import ScriptedEngine
 from braid.http.app import create_app
 from braid.server import ServerConfig, hypercorn_config, serve
 from braid.settings import Settings
-
-
-def listen_backlog(port: int) -> int:
-    """The backlog of this process's socket listening on ``port``, as the kernel holds it
-    (Linux: ``tcp_info.tcpi_sacked`` of a listening socket is its accept queue's limit)."""
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            sock = socket.socket(fileno=os.dup(int(name)))
-        except OSError:
-            continue  # not a socket
-        with sock:
-            try:
-                if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-                    continue
-                if sock.getsockname()[1] != port:
-                    continue
-            except OSError:
-                continue
-            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
-            return int(struct.unpack_from("6I", info, 8)[5])
-    raise AssertionError(f"no listening socket on port {port}")
+from tests.helpers import listen_queue
 
 
 @pytest.mark.parametrize("backlog", [37, None])
@@ -47,7 +24,7 @@ async def test_the_listen_backlog_reaches_the_socket(nursery: trio.Nursery, back
     )
     port = int(url.rsplit(":", 1)[1])
     # The default is uvicorn's (vLLM's server), not hypercorn's 100.
-    assert listen_backlog(port) == (backlog or 2048)
+    assert listen_queue(port)[1] == (backlog or 2048)
     shutdown.set()
 
 

@@ -132,6 +132,13 @@ def _parser() -> argparse.ArgumentParser:
         default=attrs.fields(ServerConfig).backlog.default,
         help="listen queue length (capped by net.core.somaxconn)",
     )
+    h.add_argument(
+        "--accept-batch",
+        type=int,
+        default=attrs.fields(ServerConfig).accept_batch.default,
+        help="connections one turn of the accept loop takes (braid.http.accept); 1: trio's own, "
+        "one per scheduler round (for comparison)",
+    )
     h.add_argument("--keep-alive", type=float, default=75.0, help="idle keep-alive timeout (seconds)")
     h.add_argument("--access-log", action="store_true")
     h.add_argument(
@@ -251,6 +258,7 @@ def _server_config(args: argparse.Namespace) -> ServerConfig:
         # One timeout for a client that reads nothing, unless the connection's is set apart.
         write_timeout=args.write_timeout or args.stall_timeout,
         backlog=args.backlog,
+        accept_batch=args.accept_batch,
     )
 
 

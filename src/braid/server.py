@@ -18,6 +18,7 @@ import hypercorn.config
 import hypercorn.trio
 import trio
 
+from braid.http.accept import ACCEPT_BATCH, batched_accept
 from braid.http.app import BraidApp
 from braid.http.fast_send import fast_send
 from braid.http.write_deadline import WriteDeadlines
@@ -46,6 +47,9 @@ class ServerConfig:
     # beyond it is dropped by the kernel and retried by clients a second or more later. Linux
     # caps it at net.core.somaxconn (4096 on kernels since 5.4).
     backlog: int = attrs.field(default=2048, validator=attrs.validators.gt(0))
+    # Connections one turn of the accept loop takes (braid.http.accept); 1 is trio's own loop,
+    # one connection per scheduler round.
+    accept_batch: int = attrs.field(default=ACCEPT_BATCH, validator=attrs.validators.gt(0))
 
 
 class _HypercornConfig(hypercorn.config.Config):
@@ -111,5 +115,5 @@ async def serve(
 
     # Always braid's TCP server: its write deadline holds with --stock-send too, which only
     # turns the direct write off (the Config's fast_send).
-    with fast_send():
+    with fast_send(), batched_accept(cfg.accept_batch):
         await hypercorn.trio.serve(app, config, shutdown_trigger=trigger, task_status=task_status)
