@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bench.common import ROOT, Section
 
-SECTIONS = ("serving", "batch", "abort", "ceiling", "slow_readers", "stall")
+SECTIONS = ("serving", "batch", "abort", "ceiling", "slow_readers", "stall", "load")
 
 
 def _versions() -> str:
