@@ -38,7 +38,7 @@ class ServerConfig:
     access_log: bool = False
     # Write each response chunk straight to the socket when it has room (braid.http.fast_send).
     fast_send: bool = True
-    # A connection whose client takes no slice of a response for this long is reset
+    # A connection whose client takes less than 16 KiB of a response in this long is reset
     # (braid.http.write_deadline). The stall timeout's default, so that with the defaults a
     # client that reads nothing loses its engine work and its connection at about the same time.
     write_timeout: float = attrs.field(default=Settings().stall_timeout, validator=attrs.validators.gt(0))
