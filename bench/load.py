@@ -24,8 +24,8 @@ the kernel's own counters of the listen queue (``TcpExt: ListenOverflows, Listen
 wide: nothing else should be connecting meanwhile).
 
 Afterwards: braid's ``/metrics`` must show nothing in flight (``braid_engine_requests_in_flight``
-0, waited for up to 10 s), and braid's RSS after the load (and a settling second) is compared with
-its RSS after the warm-up.
+0, waited for up to 10 s), and braid's RSS and open file descriptors after the load (and a
+settling second) are compared with their values after the warm-up.
 """
 
 from __future__ import annotations
@@ -310,6 +310,10 @@ def wait_idle(base: str, within: float = 10.0) -> tuple[float, float]:
         time.sleep(0.1)
 
 
+def _fds(pid: int | None) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd")) if pid else 0
+
+
 @contextmanager
 def _pinned(cpu: int) -> Iterator[None]:
     if (os.cpu_count() or 1) <= cpu:
@@ -333,6 +337,8 @@ class Result:
     in_flight_after: float
     rss_before: int
     rss_after: int
+    fds_before: int  # the server's open file descriptors (its sockets, mostly)
+    fds_after: int
     load_cpu_s: float  # the load generator's own CPU time (is it the bottleneck?)
     wall_s: float
 
@@ -345,6 +351,7 @@ def measure(label: str, cfg: LoadConfig, base: str, pid: int | None) -> Result:
         ).raise_for_status()
     time.sleep(0.5)
     rss_before = rss_bytes(pid) if pid else 0
+    fds_before = _fds(pid)
     port = int(base.rsplit(":", 1)[1])
     listen_before = listen_counters()
     cpu_before = resource.getrusage(resource.RUSAGE_SELF)
@@ -365,6 +372,8 @@ def measure(label: str, cfg: LoadConfig, base: str, pid: int | None) -> Result:
         in_flight,
         rss_before,
         rss_bytes(pid) if pid else 0,
+        fds_before,
+        _fds(pid),
         (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime),
         wall,
     )
@@ -416,6 +425,7 @@ def report(results: Sequence[Result]) -> str:
                 f"{r.listen.get('ListenOverflows', 0)} / {r.listen.get('ListenDrops', 0)}",
                 f"{r.in_flight_after:.0f}",
                 f"{r.rss_before / MiB:.1f} → {r.rss_after / MiB:.1f}",
+                f"{r.fds_before} → {r.fds_after}",
                 f"{r.load_cpu_s / r.wall_s:.0%}",
             ]
         )
@@ -439,6 +449,7 @@ def report(results: Sequence[Result]) -> str:
         "listen overflows / drops",
         "in flight after",
         "RSS MiB before → after",
+        "open fds before → after",
         "load generator CPU",
     ]
     lines = [table(header, rows), ""]

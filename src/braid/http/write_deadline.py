@@ -43,7 +43,8 @@ from typing import Any
 
 import trio
 from hypercorn.events import Closed, Event, RawData
-from hypercorn.trio.tcp_server import TCPServer
+
+from braid.http.client_close import ClientCloseTCPServer
 
 log = logging.getLogger("braid")
 
@@ -100,7 +101,7 @@ def _reset(stream: object) -> None:
         pass  # already closed or reset
 
 
-class WriteDeadlineTCPServer(TCPServer):
+class WriteDeadlineTCPServer(ClientCloseTCPServer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.write_deadlines: WriteDeadlines | None = getattr(self.config, "write_deadlines", None)
