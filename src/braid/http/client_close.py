@@ -19,10 +19,18 @@ ends and hypercorn closes the socket.
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypercorn.trio.tcp_server import TCPServer
+
+from braid.http.keep_alive import KeepAliveTimer
 
 
 class ClientCloseTCPServer(TCPServer):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.idle_task = KeepAliveTimer()  # type: ignore[assignment]  # the same two methods, no waits
+
     async def _read_data(self) -> None:
         await super()._read_data()  # returns at the client's EOF or reset, or a closed socket
         await self.idle_task.stop()  # (a cancellation is the connection's own end: nothing to stop)
