@@ -7,10 +7,12 @@ modules import from one place and never from each other or from a conftest.
 from __future__ import annotations
 
 import json
+import os
 import random
+import socket
+import struct
 import threading
 from collections import defaultdict
-from functools import partial
 from typing import Any
 
 import attrs
@@ -63,6 +65,8 @@ class LiveServer:
     engine: ScriptedEngine
     app: BraidApp
     shutdown: trio.Event
+    stopped: trio.Event
+    """Set when ``serve`` has returned (after a drain: every connection closed)."""
 
     def gauge(self, name: str) -> float:
         return self.app.state.metrics.registry.get_sample_value(name) or 0.0
@@ -81,14 +85,70 @@ class LiveServer:
 
 
 async def start_server(
-    nursery: trio.Nursery, *, token_delay: float = 0.0, fast_send: bool = True, **settings: object
+    nursery: trio.Nursery,
+    *,
+    token_delay: float = 0.0,
+    fast_send: bool = True,
+    write_timeout: float | None = None,
+    **settings: object,
 ) -> LiveServer:
+    """braid on the scripted engine, on a free loopback port. ``write_timeout`` defaults to the
+    stall timeout, as in ``braid serve``."""
     engine = ScriptedEngine(token_delay=token_delay)
-    app = create_app(engine, Settings(**settings))  # type: ignore[arg-type]
+    app_settings = Settings(**settings)  # type: ignore[arg-type]
+    app = create_app(engine, app_settings)
     shutdown = trio.Event()
-    cfg = ServerConfig(port=0, graceful_timeout=1.0, keep_alive_timeout=75.0, fast_send=fast_send)
-    urls = await nursery.start(partial(serve, app, cfg, shutdown=shutdown, handle_signals=False))
-    return LiveServer(urls[0], engine, app, shutdown)
+    stopped = trio.Event()
+    cfg = ServerConfig(
+        port=0,
+        graceful_timeout=1.0,
+        keep_alive_timeout=75.0,
+        fast_send=fast_send,
+        write_timeout=write_timeout or app_settings.stall_timeout,
+    )
+
+    async def run(task_status: trio.TaskStatus[list[str]]) -> None:
+        try:
+            await serve(app, cfg, shutdown=shutdown, handle_signals=False, task_status=task_status)
+        finally:
+            stopped.set()
+
+    urls = await nursery.start(run)
+    return LiveServer(urls[0], engine, app, shutdown, stopped)
+
+
+async def open_stalled_client(url: str, body: bytes) -> trio.SocketStream:
+    """A client that sends its request and then reads nothing, with a small receive buffer, so
+    the server's socket, then its stream buffer, then every driver back up behind it."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_STREAM)
+    sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)  # before connect: the window
+    await sock.connect((host, int(port)))
+    stream = trio.SocketStream(sock)
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    await stream.send_all(head.encode() + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    return stream
+
+
+def listen_queue(port: int) -> tuple[int, int]:
+    """(connections waiting to be accepted, the backlog) of this process's socket listening on
+    ``port``, as the kernel holds them (Linux: a listening socket's ``tcp_info`` has its accept
+    queue's length in ``tcpi_unacked`` and its limit in ``tcpi_sacked``)."""
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except OSError:
+            continue  # not a socket
+        with sock:
+            try:
+                if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) or sock.getsockname()[1] != port:
+                    continue
+            except OSError:
+                continue
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+            unacked, sacked = struct.unpack_from("2I", info, 24)
+            return int(unacked), int(sacked)
+    raise AssertionError(f"no listening socket on port {port}")
 
 
 @attrs.frozen

@@ -157,7 +157,8 @@ def test_the_read_limits_reach_the_server() -> None:
 
 
 @pytest.mark.parametrize(
-    "flag", ["--heartbeat", "--stall-timeout", "--body-timeout", "--max-body-bytes", "--max-header-bytes"]
+    "flag",
+    ["--heartbeat", "--stall-timeout", "--write-timeout", "--body-timeout", "--max-body-bytes", "--max-header-bytes"],
 )
 @pytest.mark.parametrize("value", ["0", "-1"])
 def test_periods_must_be_positive(flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -213,3 +214,23 @@ def test_engine_args_braid_would_not_honour_stop_it_before_any_engine(
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert engine_arg.split("=")[0].replace("-", "_") in err and named in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "write_timeout"),
+    [([], 30.0), (["--stall-timeout", "5"], 5.0), (["--stall-timeout", "5", "--write-timeout", "12"], 12.0)],
+)
+def test_the_write_timeout_follows_the_stall_timeout_unless_given(argv: list[str], write_timeout: float) -> None:
+    from braid.cli import _parser, _server_config
+
+    cfg = _server_config(_parser().parse_args(["serve", *argv]))
+    assert cfg.write_timeout == write_timeout
+
+
+def test_connection_options_reach_the_server_config() -> None:
+    from braid.cli import _parser, _server_config
+
+    assert _server_config(_parser().parse_args(["serve"])).backlog == 2048
+    cfg = _server_config(_parser().parse_args(["serve", "--backlog", "512", "--stock-send", "--accept-batch", "1"]))
+    assert cfg.backlog == 512 and cfg.fast_send is False and cfg.accept_batch == 1
+    assert _server_config(_parser().parse_args(["serve"])).accept_batch == 64

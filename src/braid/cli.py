@@ -15,7 +15,7 @@ import logging
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -25,6 +25,9 @@ from braid.engine.base import Engine
 from braid.engine.scripted import ScriptedEngine
 from braid.engine.vllm_common import check_engine_args
 from braid.settings import Settings
+
+if TYPE_CHECKING:
+    from braid.server import ServerConfig
 
 # Nothing here imports quart at module level: vLLM's engine process is started with "spawn",
 # which re-imports this module, and vLLM's CPU kernel set-up calls hasattr() on every module
@@ -62,6 +65,8 @@ def _positive_int(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from braid.server import ServerConfig  # imports quart: never at module level (see above)
+
     p = argparse.ArgumentParser(prog="braid", description="Batched OpenAI-compatible completions on Trio.")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="serve the OpenAI-compatible API")
@@ -172,6 +177,27 @@ def _parser() -> argparse.ArgumentParser:
         "engine's prefix cache, summed over a batch's prompts",
     )
     h.add_argument("--graceful-timeout", type=float, default=10.0, help="drain time after SIGTERM (seconds)")
+    h.add_argument(
+        "--write-timeout",
+        type=_positive,
+        default=None,
+        metavar="SECONDS",
+        help="reset a connection whose client takes less than 16 KiB of a response in this long "
+        "(braid.http.write_deadline); default: the stall timeout",
+    )
+    h.add_argument(
+        "--backlog",
+        type=int,
+        default=attrs.fields(ServerConfig).backlog.default,
+        help="listen queue length (capped by net.core.somaxconn)",
+    )
+    h.add_argument(
+        "--accept-batch",
+        type=int,
+        default=attrs.fields(ServerConfig).accept_batch.default,
+        help="connections one turn of the accept loop takes (braid.http.accept); 1: trio's own, "
+        "one per scheduler round (for comparison)",
+    )
     h.add_argument("--keep-alive", type=float, default=75.0, help="idle keep-alive timeout (seconds)")
     h.add_argument("--access-log", action="store_true")
     h.add_argument(
@@ -304,9 +330,26 @@ def settings_from(args: argparse.Namespace) -> Settings:
     )
 
 
+def _server_config(args: argparse.Namespace) -> ServerConfig:
+    from braid.server import ServerConfig  # imports quart: never at module level
+
+    return ServerConfig(
+        args.host,
+        args.port,
+        args.graceful_timeout,
+        args.keep_alive,
+        args.access_log,
+        fast_send=not args.stock_send,
+        # One timeout for a client that reads nothing, unless the connection's is set apart.
+        write_timeout=args.write_timeout or args.stall_timeout,
+        backlog=args.backlog,
+        accept_batch=args.accept_batch,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     from braid.http.app import create_app
-    from braid.server import ServerConfig, serve
+    from braid.server import serve
 
     parser = _parser()
     args = parser.parse_args(argv)
@@ -317,9 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_from(args)
-    cfg = ServerConfig(
-        args.host, args.port, args.graceful_timeout, args.keep_alive, args.access_log, fast_send=not args.stock_send
-    )
+    cfg = _server_config(args)
 
     async def run() -> None:
         async with open_engine(args) as engine:

@@ -3,7 +3,9 @@
 Not hypercorn's CLI: its worker processes are daemonic and cannot start vLLM's engine process,
 and with ``-w 0`` SIGTERM kills the process with no drain. Here SIGTERM or SIGINT starts a drain:
 ``/health`` and new completions answer 503, in-flight responses get ``graceful_timeout`` seconds,
-then hypercorn cancels them, which aborts their engine requests (see :mod:`braid.run`).
+then hypercorn cancels them, which aborts their engine requests (see :mod:`braid.run`). A write
+still waiting on a client's socket then is cut off too (:mod:`braid.http.write_deadline`), so a
+drain ends at ``graceful_timeout`` even when a client reads nothing.
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ import hypercorn.config
 import hypercorn.trio
 import trio
 
+from braid.http.accept import ACCEPT_BATCH, batched_accept
 from braid.http.app import BraidApp
 from braid.http.fast_send import fast_send
 from braid.http.limits import configure_hypercorn
+from braid.http.write_deadline import WriteDeadlines
+from braid.settings import Settings
 
 log = logging.getLogger("braid")
 
@@ -34,14 +39,36 @@ class ServerConfig:
     access_log: bool = False
     # Write each response chunk straight to the socket when it has room (braid.http.fast_send).
     fast_send: bool = True
+    # A connection whose client takes less than 16 KiB of a response in this long is reset
+    # (braid.http.write_deadline). The stall timeout's default, so that with the defaults a
+    # client that reads nothing loses its engine work and its connection at about the same time.
+    write_timeout: float = attrs.field(default=Settings().stall_timeout, validator=attrs.validators.gt(0))
+    # The listen queue: connections the kernel completes before the accept loop takes them.
+    # hypercorn's default is 100; uvicorn's (vLLM's server) is 2048. A burst of new connections
+    # beyond it is dropped by the kernel and retried by clients a second or more later. Linux
+    # caps it at net.core.somaxconn (4096 on kernels since 5.4).
+    backlog: int = attrs.field(default=2048, validator=attrs.validators.gt(0))
+    # Connections one turn of the accept loop takes (braid.http.accept); 1 is trio's own loop,
+    # one connection per scheduler round.
+    accept_batch: int = attrs.field(default=ACCEPT_BATCH, validator=attrs.validators.gt(0))
 
 
-def hypercorn_config(cfg: ServerConfig) -> hypercorn.config.Config:
-    config = hypercorn.config.Config()
+class _HypercornConfig(hypercorn.config.Config):
+    """hypercorn's Config, with the per-connection options braid's TCP server reads."""
+
+    write_deadlines: WriteDeadlines | None = None
+    fast_send: bool = True
+
+
+def hypercorn_config(cfg: ServerConfig) -> _HypercornConfig:
+    config = _HypercornConfig()
     config.bind = [f"{cfg.host}:{cfg.port}"]
+    config.backlog = cfg.backlog
     config.graceful_timeout = cfg.graceful_timeout
     config.keep_alive_timeout = cfg.keep_alive_timeout
     config.accesslog = "-" if cfg.access_log else None
+    config.write_deadlines = WriteDeadlines(cfg.write_timeout)
+    config.fast_send = cfg.fast_send
     return config
 
 
@@ -56,8 +83,12 @@ async def serve(
     """Serve until SIGTERM/SIGINT (or until ``shutdown`` is set), then drain; reports bound URLs.
 
     Returns when hypercorn has closed every connection: after a drain every engine request that
-    the server started has finished or been aborted.
+    the server started has finished or been aborted. A drain takes at most ``graceful_timeout``
+    (and what the cancelled requests' aborts take), whatever the clients do.
     """
+    config = hypercorn_config(cfg)
+    deadlines = config.write_deadlines
+    assert deadlines is not None
 
     async def trigger() -> None:
         async with trio.open_nursery() as nursery:
@@ -80,8 +111,11 @@ async def serve(
             if not handle_signals and shutdown is None:
                 await trio.sleep_forever()
         app.state.draining = True
+        # hypercorn cancels the connections at the same instant, but its writes are shielded.
+        deadlines.cut_off(trio.current_time() + cfg.graceful_timeout)
 
-    config = hypercorn_config(cfg)
     configure_hypercorn(config, app.state.settings)  # hypercorn reads the headers, by the app's limits
-    with fast_send(cfg.fast_send):
+    # Always braid's TCP server: its write deadline holds with --stock-send too, which only
+    # turns the direct write off (the Config's fast_send).
+    with fast_send(), batched_accept(cfg.accept_batch):
         await hypercorn.trio.serve(app, config, shutdown_trigger=trigger, task_status=task_status)

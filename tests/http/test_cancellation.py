@@ -9,7 +9,7 @@ import httpx
 import pytest
 import trio
 
-from tests.helpers import LiveServer, parse_sse, start_server
+from tests.helpers import LiveServer, open_stalled_client, parse_sse, start_server
 
 PROMPTS_64 = [f"prompt {i}" for i in range(64)]
 LONG = {"max_tokens": 2000, "ignore_eos": True}
@@ -191,19 +191,6 @@ async def test_quarts_response_timeout_does_not_cut_streams(nursery: trio.Nurser
     srv.shutdown.set()
 
 
-async def _open_stalled_client(url: str, body: bytes) -> trio.SocketStream:
-    """A client that sends its request and then reads nothing, with a small receive buffer, so
-    the server's socket, then its stream buffer, then every driver back up behind it."""
-    host, port = url.removeprefix("http://").split(":")
-    sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_STREAM)
-    sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
-    await sock.connect((host, int(port)))
-    stream = trio.SocketStream(sock)
-    head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-    await stream.send_all(head.encode() + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-    return stream
-
-
 @pytest.mark.parametrize("fail_at", [20, 250])
 async def test_a_failure_aborts_the_batch_while_the_client_reads_nothing(nursery: trio.Nursery, fail_at: int) -> None:
     """The issue's case: a 64-prompt stream, prompt 40 failing, a client that never calls recv.
@@ -215,7 +202,7 @@ async def test_a_failure_aborts_the_batch_while_the_client_reads_nothing(nursery
     prompts = list(PROMPTS_64)
     prompts[40] = f"prompt 40 braid:fail@{fail_at}"
     body = json.dumps({"prompt": prompts, "stream": True, "max_tokens": 400, "ignore_eos": True}).encode()
-    stream = await _open_stalled_client(srv.url, body)
+    stream = await open_stalled_client(srv.url, body)
     try:
         with trio.fail_after(10):  # the failure comes at fail_at x 5 ms of engine time
             while srv.engine.failed_total == 0:

@@ -76,6 +76,18 @@ async def test_the_stock_path_does_checkpoint() -> None:
     assert scope.cancelled_caught
 
 
+async def test_a_config_without_fast_send_takes_the_stock_path() -> None:
+    """``braid serve --stock-send``: braid's class, with the direct write turned off."""
+    server_end, _client_end = small_pair()
+    config = hypercorn.config.Config()
+    config.fast_send = False  # type: ignore[attr-defined]
+    srv = FastSendTCPServer(None, config, None, None, server_end)  # type: ignore[arg-type]
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await srv.protocol_send(RawData(b"data: 1\n\n"))
+    assert scope.cancelled_caught
+
+
 async def test_partial_write_sends_the_rest_in_order_before_the_next_chunk() -> None:
     server_end, client_end = small_pair()
     srv, protocol = make_server(server_end)
@@ -201,8 +213,9 @@ async def test_a_served_stream_is_the_same_with_and_without_fast_send(nursery: t
 
     async def fetch(fast: bool) -> list[object]:
         srv = await start_server(nursery, fast_send=fast)
-        # The class hypercorn serves new connections with (an earlier server's swap must not leak).
-        assert hypercorn.trio.run.TCPServer is (FastSendTCPServer if fast else TCPServer)
+        # braid's class serves both (for its write deadline); the server's Config turns the
+        # direct write on or off, so one server's choice cannot leak into another's.
+        assert hypercorn.trio.run.TCPServer is FastSendTCPServer
         async with httpx.AsyncClient(base_url=srv.url, timeout=10) as client:
             r = await client.post("/v1/completions", json=body)
         srv.shutdown.set()
@@ -221,7 +234,7 @@ async def test_a_served_stream_is_the_same_with_and_without_fast_send(nursery: t
                 out.setdefault(e["choices"][0]["index"], []).append(e)
         return out
 
-    stock = await fetch(False)  # first: a stock server never swaps, so it cannot leak into the next
+    stock = await fetch(False)
     fast = await fetch(True)
     assert per_choice(fast) == per_choice(stock)
     assert fast[-2] == stock[-2] and fast[-2]["usage"]["completion_tokens"] == 80  # type: ignore[index]

@@ -19,6 +19,11 @@ share of the front end's thread (docs/performance.md, round 2).
   path untouched, which waits for room or reports the closed connection as it always has.
 * TLS streams and anything that is not a plain ``trio.SocketStream`` always take the stock path.
 
+"Stock" here is :class:`~braid.http.write_deadline.WriteDeadlineTCPServer`'s path: hypercorn's,
+with each slice of a write bounded by the server's write deadline when it has one. A server whose
+hypercorn ``Config`` has ``fast_send`` false (``braid serve --stock-send``) takes that path for
+every chunk.
+
 :func:`fast_send` installs the subclass where hypercorn's trio worker looks it up, for the
 duration of a ``with`` block, and puts the stock class back after.
 """
@@ -35,6 +40,8 @@ import trio
 from hypercorn.events import Closed, Event, RawData
 from hypercorn.trio.tcp_server import TCPServer
 
+from braid.http.write_deadline import WriteDeadlineTCPServer
+
 
 def _raw_socket(stream: object) -> socket.socket | None:
     if type(stream) is not trio.SocketStream:
@@ -43,10 +50,11 @@ def _raw_socket(stream: object) -> socket.socket | None:
     return raw if isinstance(raw, socket.socket) else None
 
 
-class FastSendTCPServer(TCPServer):
+class FastSendTCPServer(WriteDeadlineTCPServer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._raw = _raw_socket(self.stream)  # a connection's stream never changes
+        enabled = getattr(self.config, "fast_send", True)  # braid.server's Config says; hypercorn's has none
+        self._raw = _raw_socket(self.stream) if enabled else None  # a connection's stream never changes
 
     async def protocol_send(self, event: Event) -> None:
         if type(event) is RawData and not self.send_lock.locked():
@@ -67,6 +75,9 @@ class FastSendTCPServer(TCPServer):
     async def _send_rest(self, rest: memoryview) -> None:
         self.send_lock.acquire_nowait()  # free, and nothing has yielded since it was checked
         try:
+            if self.write_deadlines is not None:
+                await self.send_bounded(rest)
+                return
             try:
                 with trio.CancelScope(shield=True):
                     await self.stream.send_all(rest)
