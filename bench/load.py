@@ -300,13 +300,19 @@ def metrics(base: str) -> dict[str, float]:
     return out
 
 
+LEFT_OVER = ("braid_engine_requests_in_flight", "braid_admission_queued_requests", "braid_admission_slots_in_use")
+"""Gauges that must all read 0 once the load is over: engine requests, queued requests, granted slots."""
+
+
 def wait_idle(base: str, within: float = 10.0) -> tuple[float, float]:
-    """(seconds until braid had nothing in flight, the gauge's last value)."""
+    """(seconds until braid had nothing in flight, nothing queued and no slot granted; the sum of
+    those gauges then, 0 when idle)."""
     start = time.monotonic()
     while True:
-        in_flight = metrics(base).get("braid_engine_requests_in_flight", -1.0)
-        if in_flight == 0 or time.monotonic() - start > within:
-            return time.monotonic() - start, in_flight
+        m = metrics(base)
+        left = sum(m.get(name, 0.0) for name in LEFT_OVER) if LEFT_OVER[0] in m else -1.0
+        if left == 0 or time.monotonic() - start > within:
+            return time.monotonic() - start, left
         time.sleep(0.1)
 
 
@@ -447,7 +453,7 @@ def report(results: Sequence[Result]) -> str:
         "connect max (s)",
         "first byte p50 / p99 (ms)",
         "listen overflows / drops",
-        "in flight after",
+        "in flight + queued + slots after",
         "RSS MiB before → after",
         "open fds before → after",
         "load generator CPU",
@@ -472,6 +478,7 @@ CONFIGS = (
     ("hypercorn's accept (backlog 100, one per round)", ["--backlog", "100", "--accept-batch", "1"]),
     ("backlog 2048, one per round", ["--accept-batch", "1"]),
     ("braid (backlog 2048, batched accept)", []),
+    ("braid, admission on (64 slots, 256 queued)", ["--max-in-flight-requests", "64"]),
 )
 """bench.run's servers: hypercorn's and trio's accept as they come, then braid's two fixes."""
 

@@ -54,10 +54,12 @@ def test_roles_spread_the_hang_ups_and_alternate_rst_and_fin() -> None:
 
 
 def test_a_short_run_against_braid_serve() -> None:
-    """The bench's load, short: 50 clients for 5 s, half hanging up. Every request ends as
-    planned, nothing is left in flight and no socket stays open (about 8 s in all)."""
+    """The bench's load, short: 50 clients for 5 s, half hanging up, 16 engine slots. Every request
+    ends as planned; nothing is left in flight, queued or holding a slot, and no socket stays open
+    (about 8 s in all)."""
     cfg = LoadConfig(clients=50, seconds=5)
-    (result,) = run_server("ci", cfg, [])
+    # Admission on, with fewer slots than clients: requests queue, and must leave nothing behind.
+    (result,) = run_server("ci", cfg, ["--max-in-flight-requests", "16"])
     t = result.tally
     assert t.failures == 0, (t.outcomes, t.examples)
     assert t.outcomes["ok"] and t.outcomes["ok_rst"] and t.outcomes["ok_fin"]
