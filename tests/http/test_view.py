@@ -44,6 +44,15 @@ def read(data: bytes) -> Callable[[], Awaitable[bytes]]:
     return read_body
 
 
+async def send(stream: CompletionStream) -> bytes:
+    """Send a stream as quart sends a response body; what the client received."""
+    sent = b""
+    async with stream as body:
+        async for data in body:
+            sent += data
+    return sent
+
+
 async def test_a_valid_request_runs_to_one_json_body() -> None:
     st = state()
     r = await completions(st, read(body()), content_type=JSON, request_id=None)
@@ -113,11 +122,7 @@ async def test_a_stream_is_returned_unstarted_and_sends_as_quart_sends_a_body() 
     r = await completions(st, read(body(stream=True)), content_type=JSON, request_id=None)
     assert isinstance(r, CompletionStream)
     assert started(st) == 0  # the run opens in __aenter__
-    sent = b""
-    async with r as stream:
-        async for data in stream:
-            sent += data
-    events = parse_sse(sent)
+    events = parse_sse(await send(r))
     assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
     assert {e["choices"][0]["index"] for e in events if isinstance(e, dict)} == {0, 1}
     assert started(st) == 2 and st.engine.in_flight == 0  # type: ignore[attr-defined]
@@ -201,11 +206,7 @@ async def test_a_batch_larger_than_the_slots_is_served_whole() -> None:
         st, read(body(prompt=prompts, n=2, temperature=1.0, stream=True)), content_type=JSON, request_id=None
     )
     assert isinstance(r, CompletionStream)
-    sent = b""
-    async with r as stream:
-        async for data in stream:
-            sent += data
-    events = parse_sse(sent)
+    events = parse_sse(await send(r))
     assert events.count("[DONE]") == 1
     finished = {e["choices"][0]["index"] for e in events if isinstance(e, dict) and e["choices"][0]["finish_reason"]}
     assert finished == set(range(20))
@@ -234,11 +235,7 @@ async def test_the_request_timeout_ends_the_request_with_a_408(
     )
     if stream:
         assert isinstance(r, CompletionStream)
-        sent = b""
-        async with r as s:
-            async for data in s:
-                sent += data
-        events = parse_sse(sent)
+        events = parse_sse(await send(r))
         assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == 408
     else:
         assert isinstance(r, JsonResponse) and r.status == 408
