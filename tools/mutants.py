@@ -64,8 +64,8 @@ MUTANTS = [
         "run.py",
         (
             (
-                "            failed = True\n            self.abort_all(err)\n\n        with send:",
-                "            failed = True\n            self.error = self.error or err\n\n        with send:",
+                "            failed = True\n            self.abort_all(err)\n\n        with send, self._slots():",
+                "            failed = True\n            self.error = self.error or err\n\n        with send, self._slots():",
             ),
             (
                 "                failed = True\n                self.abort_all(err)",
@@ -79,8 +79,8 @@ MUTANTS = [
         "run.py",
         (
             (
-                "            failed = True\n            self.abort_all(err)\n\n        with send:",
-                "            failed = True\n\n        with send:",
+                "            failed = True\n            self.abort_all(err)\n\n        with send, self._slots():",
+                "            failed = True\n\n        with send, self._slots():",
             ),
         ),
         "the engine's report of a failure is ignored: the batch is aborted only when the failing "
