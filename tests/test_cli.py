@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+import trio
 
 from tools.servers import free_port
 
@@ -234,3 +235,52 @@ def test_connection_options_reach_the_server_config() -> None:
     cfg = _server_config(_parser().parse_args(["serve", "--backlog", "512", "--stock-send", "--accept-batch", "1"]))
     assert cfg.backlog == 512 and cfg.fast_send is False and cfg.accept_batch == 1
     assert _server_config(_parser().parse_args(["serve"])).accept_batch == 64
+
+
+def test_a_port_in_use_is_one_line_before_any_engine(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import braid.cli
+
+    monkeypatch.setattr(braid.cli, "open_engine", _no_engine)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert braid.cli.main(["serve", "--engine", "scripted", "--port", str(port)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err
+
+
+def test_a_model_path_that_does_not_exist_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import braid.cli
+
+    monkeypatch.setattr(braid.cli, "open_engine", _no_engine)
+    assert braid.cli.main(["serve", "--engine", "vllm", "--port", "0", "--model", "/nonexistent/model"]) == 1
+    err = capsys.readouterr().err
+    assert err == "braid: no model at /nonexistent/model: no such file or directory\n"
+
+
+def test_an_engine_that_fails_to_start_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from contextlib import asynccontextmanager
+
+    import braid.cli
+
+    @asynccontextmanager
+    async def failing(args: object):  # type: ignore[no-untyped-def]
+        async with trio.open_nursery():  # the error arrives wrapped in a group, as from vLLM's start
+            raise RuntimeError("the engine core died\nwhile loading")
+        yield
+
+    monkeypatch.setattr(braid.cli, "open_engine", failing)
+    assert braid.cli.main(["serve", "--engine", "scripted", "--port", "0"]) == 1
+    err = capsys.readouterr().err
+    assert err == "braid: could not start: RuntimeError: the engine core died while loading\n"
+
+
+def _no_engine(args: object) -> None:
+    raise AssertionError("an engine was started")

@@ -12,6 +12,8 @@ import gc
 import importlib.util
 import json
 import logging
+import os
+import socket
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -362,7 +364,17 @@ def main(argv: list[str] | None = None) -> int:
     settings = settings_from(args)
     cfg = _server_config(args)
 
+    try:
+        # Before the engine starts (which takes a while): the common mistakes, one line each.
+        _check_model_path(args.model)
+        _check_port_free(args.host, args.port)
+    except StartupError as exc:
+        print(f"braid: {exc}", file=sys.stderr)
+        return 1
+    serving = False
+
     async def run() -> None:
+        nonlocal serving
         async with open_engine(args) as engine:
             app = create_app(engine, settings)
             _freeze_startup_heap()
@@ -373,10 +385,65 @@ def main(argv: list[str] | None = None) -> int:
 
             async with trio.open_nursery() as nursery:
                 urls = await nursery.start(announce)
+                serving = True
                 log.info("braid serving %s on %s", engine.info.name, ", ".join(urls))
 
-    trio.run(run)
+    try:
+        trio.run(run)
+    except BaseException as exc:
+        if serving or isinstance(exc, KeyboardInterrupt | SystemExit):
+            raise
+        # Before braid served anything, a failure is the operator's to fix (a model that does not
+        # load, a port taken meanwhile, an engine that fails to start): one line, not a traceback
+        # wrapped in exception groups. The traceback still goes to the log at debug level.
+        log.debug("start-up failed", exc_info=exc)
+        print(f"braid: could not start: {_one_line(exc)}", file=sys.stderr)
+        return 1
     return 0
+
+
+class StartupError(Exception):
+    """A start-up problem braid can name before starting the engine."""
+
+
+def _check_model_path(model: str | None) -> None:
+    """A model given as a path (not a hub name) must exist: vLLM's answer is a Hugging Face
+    validation traceback about repository ids."""
+    if model is None:
+        return
+    looks_like_path = model.startswith((os.sep, ".", "~")) or model.count("/") > 1
+    if looks_like_path and not os.path.exists(os.path.expanduser(model)):
+        raise StartupError(f"no model at {model}: no such file or directory")
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Bind and release the address, as hypercorn will bind it (``SO_REUSEADDR``)."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise StartupError(f"cannot listen on {host}:{port}: {exc}") from None
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+        except OSError as exc:
+            raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    """The innermost real error of ``exc`` (through exception groups and causes), on one line."""
+    while True:
+        if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+            exc = exc.exceptions[0]
+        elif exc.__cause__ is not None:
+            exc = exc.__cause__
+        else:
+            break
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"
 
 
 if __name__ == "__main__":
