@@ -67,6 +67,7 @@ async def test_every_route_needs_a_right_key(guarded: LiveServer, method: str, p
             {"Authorization": "key-one"},
             {"Authorization": "Bearer"},
             {"Authorization": "Basic a2V5LW9uZQ=="},
+            {"Authorization": "Token key-one"},
         ):
             r = await c.request(method, path, headers=headers, content=BODY if method == "POST" else None)
             assert_unauthorized(r.status_code, {k.lower(): v for k, v in r.headers.items()}, r.content)
@@ -130,6 +131,20 @@ async def test_path_variants_without_a_key_are_401(guarded: LiveServer, target: 
 async def test_a_host_header_cannot_open_a_route(guarded: LiveServer, host: str) -> None:
     for head in (f"GET /v1/models HTTP/1.1\r\nHost: {host}", f"GET http://{host}/v1/models HTTP/1.1\r\nHost: {host}"):
         assert_unauthorized(*await raw(guarded, head))
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/health"])
+async def test_a_websocket_without_a_key_is_refused_before_it_opens(guarded: LiveServer, path: str) -> None:
+    host, port = guarded.url.removeprefix("http://").split(":")
+    async with await trio.open_tcp_stream(host, int(port)) as stream:
+        await stream.send_all(
+            f"GET {path} HTTP/1.1\r\nHost: h\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+        )
+        with trio.fail_after(10):
+            answer = await stream.receive_some()
+    # closed before accept: hypercorn answers 403, never 101 Switching Protocols
+    assert answer.startswith(b"HTTP/1.1 403"), answer[:80]
 
 
 async def test_unknown_routes_are_401_before_404(guarded: LiveServer) -> None:
