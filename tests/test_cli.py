@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
@@ -284,3 +285,63 @@ def test_an_engine_that_fails_to_start_is_one_line(
 
 def _no_engine(args: object) -> None:
     raise AssertionError("an engine was started")
+
+
+def test_api_keys_from_flags_file_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--api-key, --api-key-file (comments and blanks skipped) and BRAID_API_KEY all admit a
+    request on a real ``braid serve``; /health stays open; the keys never show in the settings' repr."""
+    from braid.cli import _parser, settings_from
+
+    key_file = tmp_path / "keys"
+    key_file.write_text("# ops keys\n\n  file-key  \n#not-a-key\nfile-key-2\n")
+    args = ["--api-key", "flag-key", "--api-key-file", str(key_file), "--metrics-public"]
+    settings = settings_from(_parser().parse_args(["serve", *args]), {"BRAID_API_KEY": "env-key"})
+    assert settings.api_keys == ("flag-key", "file-key", "file-key-2", "env-key") and settings.metrics_public
+    assert "key" not in repr(settings).replace("api_keys", "")
+    assert settings_from(_parser().parse_args(["serve"]), {}).api_keys == ()
+    monkeypatch.setenv("BRAID_API_KEY", "env-key")
+    proc, url = _start("--api-key-file", str(key_file), "--allowed-origins", "https://a.example")
+    try:
+        assert httpx.get(url + "/v1/models", timeout=10).status_code == 401
+        assert (
+            httpx.get(url + "/v1/models", headers={"Authorization": "Bearer not-a-key"}, timeout=10).status_code == 401
+        )
+        for key in ("file-key", "file-key-2", "env-key"):
+            r = httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+            assert r.status_code == 200, key
+        assert httpx.get(url + "/metrics", timeout=10).status_code == 401  # not --metrics-public
+        r = httpx.get(url + "/health", headers={"Origin": "https://a.example"}, timeout=10)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://a.example"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--api-key-file", "/nonexistent/keys"], {}, "cannot read"),
+        (["--api-key-file", "EMPTY"], {}, "no keys in"),
+        (["--api-key", "has space"], {}, "visible ASCII"),
+        ([], {"BRAID_API_KEY": " "}, "BRAID_API_KEY is set but empty"),
+    ],
+)
+def test_a_key_setting_that_would_leave_the_server_open_stops_it(
+    argv: list[str],
+    env: dict[str, str],
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from braid import cli
+
+    (tmp_path / "empty").write_text("# nothing\n\n")
+    argv = [str(tmp_path / "empty") if a == "EMPTY" else a for a in argv]
+    monkeypatch.delenv("BRAID_API_KEY", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(cli, "open_engine", None)  # never reached
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--engine", "scripted", *argv])
+    assert message in capsys.readouterr().err

@@ -15,7 +15,7 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +64,24 @@ def _positive_int(text: str) -> int:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, not {text}")
     return value
+
+
+API_KEY_ENV = "BRAID_API_KEY"
+"""An API key from the environment: unlike --api-key, not visible in ``ps``."""
+
+
+def _key_file(path: str) -> list[str]:
+    from braid.http.auth import parse_key_file
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            keys = parse_key_file(f.read())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {exc}") from None
+    if not keys:
+        # An empty file must not leave the server open when its owner meant to close it.
+        raise argparse.ArgumentTypeError(f"no keys in {path}")
+    return keys
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -139,6 +157,31 @@ def _parser() -> argparse.ArgumentParser:
     )
     h.add_argument(
         "--heartbeat", type=_positive, default=DEFAULTS.heartbeat, help="SSE comment after this many idle seconds"
+    )
+    k = s.add_argument_group("access (braid.http.auth, braid.http.cors)")
+    k.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help=f"require 'Authorization: Bearer KEY' on every route but GET /health (repeatable; "
+        f"visible in ps: prefer --api-key-file or {API_KEY_ENV})",
+    )
+    k.add_argument(
+        "--api-key-file",
+        type=_key_file,
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="API keys, one per line; blank lines and lines starting with # are skipped (repeatable)",
+    )
+    k.add_argument("--metrics-public", action="store_true", help="with API keys: leave GET /metrics open")
+    k.add_argument(
+        "--allowed-origins",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="enable CORS for this origin, e.g. https://app.example, or * for any (repeatable; default: no CORS)",
     )
     a = s.add_argument_group("admission (docs/admission.md)")
     a.add_argument(
@@ -314,8 +357,20 @@ def _set_switch_interval(seconds: float | None, *, two_threads: bool) -> None:
         sys.setswitchinterval(seconds)
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
-    """The front end's settings from ``braid serve``'s flags."""
+def api_keys(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, ...]:
+    """Every key from --api-key, --api-key-file and ``BRAID_API_KEY``; ValueError for a set but
+    empty variable (e.g. a compose file's unset ``${KEY}``), which would otherwise leave the
+    server open."""
+    keys = [*args.api_key, *(key for keys in args.api_key_file for key in keys)]
+    if API_KEY_ENV in env:
+        if not env[API_KEY_ENV].strip():
+            raise ValueError(f"{API_KEY_ENV} is set but empty")
+        keys.append(env[API_KEY_ENV].strip())
+    return tuple(keys)
+
+
+def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Settings:
+    """The front end's settings from ``braid serve``'s flags and ``env`` (default: the process's)."""
     return Settings(
         max_prompts=args.max_prompts,
         max_choices=args.max_choices,
@@ -329,6 +384,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         max_queued=args.max_queued_requests,
         reserve=args.admission_reserve,
         request_timeout=args.request_timeout,
+        api_keys=api_keys(args, os.environ if env is None else env),
+        metrics_public=args.metrics_public,
+        allowed_origins=args.allowed_origins,
     )
 
 
@@ -360,8 +418,13 @@ def main(argv: list[str] | None = None) -> int:
         check_engine_args(_vllm_kwargs(args, default_model=args.model is None))
     except ValueError as exc:
         parser.error(str(exc))
+    try:
+        settings = settings_from(args)
+    except ValueError as exc:
+        parser.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = settings_from(args)
+    if settings.api_keys:
+        log.info("API keys: %d; open without one: %s", len(settings.api_keys), settings.open_paths)
     cfg = _server_config(args)
 
     try:

@@ -6,6 +6,7 @@
     ├── InvalidRequest          (400 BadRequestError)   a request braid will not run
     │   ├── SchemaError         (400 "Bad Request")     the body does not fit the schema
     │   └── EngineRejected      (400 BadRequestError)   the engine refused it after the 200
+    ├── Unauthorized            (401 Unauthorized)      no valid API key (braid.http.auth)
     ├── ModelNotFound           (404 NotFoundError)
     ├── EngineError             (500 InternalServerError) generation failed mid-way
     ├── EngineUnavailable       (503 ServiceUnavailableError) the engine is dead or draining
@@ -62,6 +63,13 @@ class SchemaError(InvalidRequest):
 
 class EngineRejected(InvalidRequest):
     """The engine rejected a request that braid had already admitted (lazy validation)."""
+
+
+class Unauthorized(BraidError):
+    """The request carries no key, or a wrong one, and keys are configured (:mod:`braid.http.auth`)."""
+
+    status = 401
+    type = "Unauthorized"
 
 
 class ModelNotFound(BraidError):

@@ -8,7 +8,20 @@ their defaults from ``Settings()``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import attrs
+
+
+def _strings(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(values)
+
+
+def _bearer_keys(_inst: object, _attr: object, keys: tuple[str, ...]) -> None:
+    # Each key must fit in one "Authorization: Bearer <key>" header as it is compared there.
+    for key in keys:
+        if not key or not all("!" <= c <= "~" for c in key):
+            raise ValueError("an API key must be non-empty visible ASCII without spaces")
 
 
 @attrs.frozen
@@ -50,6 +63,18 @@ class Settings:
     """Seconds from a request's arrival (queue wait included) after which its engine work is aborted."""
     prompt_tokens_details: bool = False
     """vLLM's --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens."""
+    # Not in the repr, so that logging the settings never shows a key.
+    api_keys: tuple[str, ...] = attrs.field(default=(), converter=_strings, validator=_bearer_keys, repr=False)
+    """Bearer keys; when set, every request but GET /health needs one (braid.http.auth)."""
+    metrics_public: bool = False
+    """With api_keys: GET /metrics is open too."""
+    allowed_origins: tuple[str, ...] = attrs.field(default=(), converter=_strings)
+    """CORS origins (or "*"); empty: no CORS headers at all (braid.http.cors)."""
+
+    @property
+    def open_paths(self) -> tuple[str, ...]:
+        """The paths GET needs no key for when api_keys is set (each exact: braid.http.auth)."""
+        return ("/health", "/metrics") if self.metrics_public else ("/health",)
 
 
 __all__ = ["Settings"]

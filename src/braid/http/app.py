@@ -5,7 +5,8 @@ body (within the limits of :mod:`braid.http.limits`), calls it, and turns its an
 ``Response`` (a JSON body, or the ``CompletionStream`` as a ``text/event-stream`` body without
 quart's response timeout). The handlers below render what escapes a view: a
 :class:`~braid.errors.BraidError` as its JSON error, werkzeug's HTTP errors (e.g. an unknown route)
-in vLLM's format, anything else as a 500.
+in vLLM's format, anything else as a 500. API keys (:mod:`braid.http.auth`) and CORS
+(:mod:`braid.http.cors`) wrap the app's ASGI callable, so they run before any route is matched.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import braid
 from braid.encode import error_body
 from braid.engine.base import Engine
 from braid.errors import BraidError, error_payload
-from braid.http import limits, view
+from braid.http import auth, cors, limits, view
 from braid.http.view import AppState, JsonResponse
 from braid.metrics import Metrics
 from braid.settings import Settings
@@ -67,6 +68,10 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
     info = engine.info
     app = BraidApp("braid")
     limits.configure_quart(app, settings)
+    # Around quart's whole ASGI app, before routing: the key check sees every request, and CORS
+    # (outermost) answers preflights without a key and labels the 401s too.
+    auth.install(app, settings)
+    cors.install(app, settings)
     state = AppState(engine, settings, metrics or Metrics())
     state.metrics.track_engine_unfinished(engine.unfinished_requests)
     state.metrics.track_admission(lambda: state.admission.in_use, lambda: state.admission.queued)

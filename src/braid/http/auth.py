@@ -1,0 +1,120 @@
+"""API keys: ASGI middleware that refuses every request without a valid key, before routing.
+
+The contract, when ``Settings.api_keys`` is not empty:
+
+* Every request needs ``Authorization: Bearer <key>`` with one of the keys: every route, an
+  unknown path (401, not 404), any method, a websocket. Deny by default: routes added later
+  are guarded without being listed here.
+* The exemptions are exact: ``GET``/``HEAD`` of ``/health`` (probes carry no key), and of
+  ``/metrics`` with ``Settings.metrics_public``. Exact means both the decoded ``scope["path"]``,
+  which quart routes on, and the undecoded ``scope["raw_path"]`` equal the path, so
+  ``/health/``, ``//health``, ``/%68ealth``, ``/health/../v1/models`` or an absolute-form target
+  ``http://h/health`` need a key. The decision reads only the request target as the server
+  parsed it, never the ``Host`` header or a URL rebuilt from it.
+* A missing or wrong key is a 401 in vLLM's error shape (:class:`~braid.errors.Unauthorized`)
+  with ``WWW-Authenticate: Bearer``, sent without reading the body, and on HTTP/1.1 with
+  ``Connection: close``; a websocket is closed before it is accepted.
+* Keys are compared in constant time: the SHA-256 of the presented token against the SHA-256 of
+  every key, all of them every time, so neither the matching key nor a key's length shows in
+  the timing.
+
+With no keys the middleware is not installed at all (:func:`install`): everything is open.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import Any
+
+from braid.encode import error_body
+from braid.errors import Unauthorized
+from braid.settings import Settings
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_OPEN_METHODS = frozenset({"GET", "HEAD"})
+
+
+def parse_key_file(text: str) -> list[str]:
+    """The keys of a key file: one per line, surrounding whitespace stripped; blank lines and
+    lines starting with ``#`` are skipped (a ``#`` inside a key is part of the key)."""
+    keys = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keys.append(line)
+    return keys
+
+
+def _digest(token: bytes) -> bytes:
+    return hashlib.sha256(token).digest()
+
+
+class KeyGuard:
+    """The ASGI middleware around the app (see the module's contract)."""
+
+    def __init__(self, app: ASGIApp, keys: Iterable[str], open_paths: Iterable[str]) -> None:
+        self.app = app
+        self._digests = [_digest(k.encode()) for k in keys]
+        if not self._digests:
+            raise ValueError("KeyGuard needs at least one key")
+        self._open = frozenset(open_paths)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan" or self._exempt(scope) or self._authorized(scope):
+            await self.app(scope, receive, send)
+        elif kind == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+        else:
+            await _refuse(send, close=scope.get("http_version", "1.1").startswith("1"))
+
+    def _exempt(self, scope: Scope) -> bool:
+        if scope["type"] != "http" or scope["method"] not in _OPEN_METHODS:
+            return False
+        path = scope["path"]
+        return path in self._open and scope.get("raw_path", path.encode()) == path.encode()
+
+    def _authorized(self, scope: Scope) -> bool:
+        values = [v for k, v in scope["headers"] if k.lower() == b"authorization"]
+        if len(values) != 1:
+            return False
+        scheme, _, token = values[0].strip().partition(b" ")
+        if scheme.lower() != b"bearer":
+            return False
+        presented = _digest(token.strip())
+        ok = False
+        for digest in self._digests:  # every key, every time: no early exit on a match
+            ok |= hmac.compare_digest(presented, digest)
+        return ok
+
+
+async def _refuse(send: Send, *, close: bool) -> None:
+    body = error_body(Unauthorized("Missing or invalid API key: send Authorization: Bearer <key>."))
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"www-authenticate", b"Bearer"),
+    ]
+    if close:
+        # The body is left unread, and hypercorn closes an HTTP/1.1 connection whose request body
+        # had not all arrived when the answer ended; saying so up front keeps a keep-alive
+        # client from sending its next request into that closing connection.
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": Unauthorized.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def install(app: Any, settings: Settings) -> None:
+    """Wrap a quart app's ``asgi_app`` in a :class:`KeyGuard` when ``settings.api_keys`` is set."""
+    if not settings.api_keys:
+        return
+    app.asgi_app = KeyGuard(app.asgi_app, settings.api_keys, settings.open_paths)
+
+
+__all__ = ["KeyGuard", "install", "parse_key_file"]
