@@ -345,3 +345,37 @@ def test_a_key_setting_that_would_leave_the_server_open_stops_it(
     with pytest.raises(SystemExit):
         cli.main(["serve", "--engine", "scripted", *argv])
     assert message in capsys.readouterr().err
+
+
+def test_every_serve_option_can_come_from_the_environment(capsys: pytest.CaptureFixture[str]) -> None:
+    from braid.cli import _parser, settings_from
+
+    env = {
+        "BRAID_PORT": "9123",
+        "BRAID_MAX_QUEUED_REQUESTS": "7",
+        "BRAID_METRICS_PUBLIC": "yes",
+        "BRAID_ENGINE": "scripted",
+        "BRAID_ALLOWED_ORIGINS": "https://a.example https://b.example",
+    }
+    args = _parser(env).parse_args(["serve", "--max-queued-requests", "9"])
+    assert (args.port, args.engine, args.metrics_public) == (9123, "scripted", True)
+    assert args.allowed_origins == ["https://a.example", "https://b.example"]
+    assert settings_from(args, {}).max_queued == 9  # the command line wins over the variable
+    for bad in ({"BRAID_PORT": "eighty"}, {"BRAID_ENGINE": "tgi"}, {"BRAID_METRICS_PUBLIC": "maybe"}):
+        with pytest.raises(SystemExit):
+            _parser(bad).parse_args(["serve"])
+        assert next(iter(bad)) in capsys.readouterr().err
+
+
+def test_help_shows_each_default_and_variable(capsys: pytest.CaptureFixture[str]) -> None:
+    from braid.cli import _parser
+
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["serve", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for shown in (
+        "(default: 8000; env BRAID_PORT)",
+        "(default: 256; env BRAID_MAX_QUEUED_REQUESTS)",
+        "(default: off; env BRAID_ACCESS_LOG)",
+    ):
+        assert shown in out

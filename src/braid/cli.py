@@ -84,7 +84,10 @@ def _key_file(path: str) -> list[str]:
     return keys
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """``braid``'s parser. With ``env`` (``main`` passes ``os.environ``), every ``serve`` option
+    ``--some-flag`` takes its default from ``BRAID_SOME_FLAG`` when that is set: see
+    :func:`_env_defaults`. ``--help`` shows each option's default and variable."""
     from braid.server import ServerConfig  # imports quart: never at module level (see above)
 
     p = argparse.ArgumentParser(prog="braid", description="Batched OpenAI-compatible completions on Trio.")
@@ -100,7 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--token-delay", type=float, default=0.0, help="scripted engine: seconds per token")
     e = s.add_argument_group("vLLM engine")
-    e.add_argument("--model", default=None, help="model path or name (default: braid's tiny local model)")
+    e.add_argument("--model", default=None, help="model path or name; none: braid's tiny local model")
     e.add_argument("--served-model-name", default=None)
     e.add_argument("--dtype", default=None)
     e.add_argument("--max-model-len", type=int, default=None)
@@ -190,7 +193,7 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULTS.max_in_flight,
         metavar="N",
         help="engine requests in the engine at once, server wide; a prompt with n choices takes n "
-        "(default: the engine's own running cap, vLLM's max_num_seqs plus the reserve; 0: unbounded)",
+        "(none: the engine's own running cap, vLLM's max_num_seqs plus the reserve; 0: unbounded)",
     )
     a.add_argument(
         "--max-queued-requests",
@@ -206,14 +209,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="R",
         help="engine slots kept for requests holding none, so a newcomer starts at the engine's "
         "next step while a large batch runs; with vLLM the engine's running cap is raised by R "
-        "(default: a sixteenth of max_num_seqs, at least 1)",
+        "(none: a sixteenth of max_num_seqs, at least 1)",
     )
     a.add_argument(
         "--request-timeout",
         type=_positive,
         default=DEFAULTS.request_timeout,
         metavar="SECONDS",
-        help="abort a request this long after it arrived, queue wait included (default: none)",
+        help="abort a request this long after it arrived, queue wait included",
     )
     h.add_argument(
         "--enable-prompt-tokens-details",
@@ -260,7 +263,61 @@ def _parser() -> argparse.ArgumentParser:
         help="send every response chunk through hypercorn's own locked path, not braid's "
         "direct socket write (see braid.http.fast_send; for comparison)",
     )
+    _env_defaults(s, env)
     return p
+
+
+_ENV_SKIPPED = {"help", "api_key"}
+"""Options without a variable of their own: the keys' is BRAID_API_KEY, read by :func:`settings_from`
+(one key; a file of keys with --api-key-file)."""
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
+
+
+def env_name(action: argparse.Action) -> str:
+    return "BRAID_" + action.dest.upper()
+
+
+def _env_defaults(parser: argparse.ArgumentParser, env: Mapping[str, str] | None) -> None:
+    """Defaults from the environment, and each option's default and variable in ``--help``.
+
+    A flag on the command line wins over its variable. A variable is read as the flag's value
+    would be (its type and choices; a switch takes 1/true/yes/on or 0/false/no/off; a repeatable
+    option takes several values separated by spaces); a bad value stops braid with a message
+    naming the variable, as a bad flag would. Keys in variables are what this is for: a key on
+    the command line is visible to everyone who can run ``ps``."""
+    for action in parser._actions:
+        if not action.option_strings or action.dest in _ENV_SKIPPED:
+            continue
+        name = env_name(action)
+        shown = "none" if action.default is None else action.default
+        if isinstance(action, argparse._StoreTrueAction):
+            shown = "off"
+        extra = f"(default: {shown}; env {name})".replace("%", "%%")
+        action.help = f"{action.help} {extra}" if action.help else extra
+        if env is None or name not in env:
+            continue
+        raw = env[name]
+        try:
+            value = _env_value(action, raw)
+        except (ValueError, argparse.ArgumentTypeError) as exc:
+            parser.error(f"{name}={raw!r}: {exc}")
+        parser.set_defaults(**{action.dest: value})
+
+
+def _env_value(action: argparse.Action, raw: str) -> Any:
+    if isinstance(action, argparse._StoreTrueAction):
+        if raw.strip().lower() not in _TRUE | _FALSE:
+            raise ValueError("expected 1/true/yes/on or 0/false/no/off")
+        return raw.strip().lower() in _TRUE
+    convert = action.type if callable(action.type) else str
+    if isinstance(action, argparse._AppendAction):
+        values = [convert(part) for part in raw.split()]
+    else:
+        values = [convert(raw)]
+    for v in values:
+        if action.choices is not None and v not in action.choices:
+            raise ValueError(f"expected one of {', '.join(map(str, action.choices))}")
+    return values if isinstance(action, argparse._AppendAction) else values[0]
 
 
 # Engine sizing for the tiny default model on a 2-core CPU machine. The parity tier and the
@@ -411,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     from braid.http.app import create_app
     from braid.server import serve
 
-    parser = _parser()
+    parser = _parser(os.environ)
     args = parser.parse_args(argv)
     try:
         # before the default model is built or any engine starts
