@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -345,3 +347,16 @@ async def test_enabled_prompt_tokens_details_sum_the_cached_tokens_of_a_batch(nu
     # the batch has been read once more: now its second prompt's third block is cached too
     assert events[-2]["usage"]["prompt_tokens_details"] == {"cached_tokens": 32 + 48 + 0 + 48}  # type: ignore[index]
     server.shutdown.set()
+
+
+async def test_x_request_id_is_echoed_on_every_answer(client: httpx.AsyncClient) -> None:
+    body = {"prompt": "hi", "max_tokens": 2}
+    r = await client.post("/v1/completions", json=body, headers={"X-Request-Id": "abc-1"})
+    assert r.status_code == 200 and r.headers["x-request-id"] == "abc-1" and r.json()["id"] == "cmpl-abc-1"
+    r = await client.post("/v1/completions", json=body)
+    assert r.headers["x-request-id"] == r.json()["id"]
+    async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as s:
+        first = json.loads((await s.aread()).split(b"\n\n")[0].removeprefix(b"data: "))
+        assert s.headers["x-request-id"] == first["id"]
+    r = await client.post("/v1/completions", json={**body, "n": 0}, headers={"X-Request-Id": "bad-1"})
+    assert r.status_code == 400 and r.headers["x-request-id"] == "bad-1"

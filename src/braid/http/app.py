@@ -97,19 +97,29 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
         async def read_body() -> bytes:
             return await limits.read_body(request, settings)
 
+        client_id = request.headers.get("X-Request-Id")
         result = await view.completions(
             state,
             read_body,
             content_type=request.headers.get("Content-Type"),
-            request_id=request.headers.get("X-Request-Id"),
+            request_id=client_id,
         )
+        # X-Request-Id on every answer: the client's own, else the response's id (for a log line
+        # that a client's report can be matched to).
         if isinstance(result, JsonResponse):
-            return _json(result.body, result.status, result.headers)
+            headers = result.headers
+            if not any(name == "X-Request-Id" for name, _ in headers) and client_id is not None:
+                headers = (*headers, ("X-Request-Id", client_id))
+            return _json(result.body, result.status, headers)
         response = Response(
             result,
             status=200,
             mimetype="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            headers={
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+                "X-Request-Id": client_id or result.response_id,
+            },
         )
         response.timeout = None  # quart's 60 s RESPONSE_TIMEOUT would cut long streams
         return response

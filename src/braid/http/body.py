@@ -46,6 +46,11 @@ class CompletionStream(ResponseBody):
     ) -> bool | None:
         return await self._run.__aexit__(exc_type, exc, tb)
 
+    @property
+    def response_id(self) -> str:
+        """The id every chunk of this stream carries."""
+        return self._merger.plan.meta.id
+
     def __aiter__(self) -> CompletionStream:
         return self
 

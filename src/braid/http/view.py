@@ -189,7 +189,7 @@ async def _completions(
                 collector.feed(cast("list[Arrival]", await run.receive_ready()))
             except trio.EndOfChannel:
                 break
-    return JsonResponse(200, collector.body())
+    return JsonResponse(200, collector.body(), (("X-Request-Id", request_id or plan.meta.id),))
 
 
 def _error(err: BraidError) -> JsonResponse:
