@@ -157,7 +157,10 @@ class CompletionRun:
                             # so 1024 of them do not hold up every other stream at once.
                             await trio.lowlevel.checkpoint()
                         if ticket is not None:
+                            asked = trio.current_time()
                             await ticket.acquire(cost)  # the driver releases it
+                            if not i:
+                                self.metrics.queue_wait.observe(trio.current_time() - asked)
                         inner.start_soon(self._drive, item, send.clone())
                 if inner.cancel_scope.cancelled_caught and self.error is None:
                     # Nothing else cancels the inner scope without setting the error first or

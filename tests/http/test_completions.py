@@ -360,3 +360,23 @@ async def test_x_request_id_is_echoed_on_every_answer(client: httpx.AsyncClient)
         assert s.headers["x-request-id"] == first["id"]
     r = await client.post("/v1/completions", json={**body, "n": 0}, headers={"X-Request-Id": "bad-1"})
     assert r.status_code == 400 and r.headers["x-request-id"] == "bad-1"
+
+
+async def test_metrics_count_answers_by_route_and_status(server: LiveServer, client: httpx.AsyncClient) -> None:
+    """Every answer is counted, 404s under route "other" (a client cannot add labels); the queue
+    wait and the prompts per request are observed once per request."""
+    await client.post("/v1/completions", json={"prompt": ["a", "b", "c"], "max_tokens": 2})
+    await client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, "n": 0})
+    await client.get("/health")
+    await client.get("/no/such/route/1")
+    await client.get("/no/such/route/2")
+    registry = server.app.state.metrics.registry
+
+    def count(route: str, status: str) -> float:
+        return registry.get_sample_value("braid_http_responses_total", {"route": route, "status": status}) or 0.0
+
+    assert count("/v1/completions", "200") == 1 and count("/v1/completions", "400") == 1
+    assert count("/health", "200") == 1 and count("other", "404") == 2
+    assert registry.get_sample_value("braid_request_prompts_count") == 1
+    assert registry.get_sample_value("braid_request_prompts_sum") == 3
+    assert registry.get_sample_value("braid_admission_queue_wait_seconds_count") == 1

@@ -25,7 +25,7 @@ import braid
 from braid.encode import error_body
 from braid.engine.base import Engine
 from braid.errors import BraidError, error_payload
-from braid.http import auth, cors, limits, view
+from braid.http import auth, cors, counting, limits, view
 from braid.http.view import AppState, JsonResponse
 from braid.metrics import Metrics
 from braid.settings import Settings
@@ -59,6 +59,10 @@ class BraidApp(QuartTrio):
         return self.extensions["braid"]
 
 
+ROUTES = frozenset({"/v1/completions", "/v1/models", "/health", "/version", "/metrics"})
+"""The app's routes, the values of the ``route`` label of ``braid_http_responses_total``."""
+
+
 def _json(body: bytes, status: int = 200, headers: tuple[tuple[str, str], ...] = ()) -> Response:
     return Response(body, status=status, mimetype="application/json", headers=dict(headers))
 
@@ -73,6 +77,8 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
     auth.install(app, settings)
     cors.install(app, settings)
     state = AppState(engine, settings, metrics or Metrics())
+    # Outermost: a 401, a preflight and a 404 are answers too.
+    counting.install(app, state.metrics.http_responses, ROUTES)
     state.metrics.track_engine_unfinished(engine.unfinished_requests)
     state.metrics.track_admission(lambda: state.admission.in_use, lambda: state.admission.queued)
     app.extensions["braid"] = state

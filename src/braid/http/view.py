@@ -174,6 +174,7 @@ async def _completions(
     except BaseException:
         ticket.close()
         raise
+    state.metrics.prompts.observe(len(plan.items))
     run = CompletionRun(engine, plan, state.metrics, settings, ticket=ticket, deadline=deadline)
     if plan.stream:
         stream = CompletionStream(run, StreamMerger(plan, engine.tokenizer))

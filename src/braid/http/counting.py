@@ -1,0 +1,52 @@
+"""Counting: every HTTP answer by route and status, at the ASGI edge.
+
+:class:`StatusCounter` wraps the whole app, outside the API-key guard and CORS, so a 401, a
+preflight, a 413 from quart's body limit and a 404 are counted like any answer. It reads the
+status of each ``http.response.start`` the app sends; a connection that ends before the app
+answered (a client gone during the body read) sends none and is not counted. The ``route``
+label is the request path when it is one of the app's routes, else ``other``, so a client
+cannot grow the metric's label set. Nothing is done per body chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from prometheus_client import Counter
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class StatusCounter:
+    def __init__(self, app: ASGIApp, counter: Counter, routes: frozenset[str]) -> None:
+        self._app = app
+        self._counter = counter
+        self._routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        route = path if path in self._routes else "other"
+        counter = self._counter
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                counter.labels(route=route, status=str(message["status"])).inc()
+            await send(message)
+
+        await self._app(scope, receive, counting_send)
+
+
+def install(app: Any, counter: Counter, routes: frozenset[str]) -> None:
+    """Wrap a quart app's ``asgi_app`` in a :class:`StatusCounter` (outside whatever wraps it now)."""
+    app.asgi_app = StatusCounter(app.asgi_app, counter, routes)
+
+
+__all__ = ["StatusCounter", "install"]
