@@ -262,3 +262,19 @@ async def test_the_deadline_aborts_the_run_queue_wait_included(autojump_clock: t
         assert trio.current_time() == pytest.approx(2.0)
     assert engine.in_flight == 0 and engine.aborted_ids == ["cmpl-t-0"]  # "b" never got the slot
     assert (adm.in_use, adm.queued, adm.waiting) == (0, 0, 0)
+
+
+async def test_a_consumer_error_while_prompts_wait_is_raised_as_it_is() -> None:
+    """Leaving a run with an error of the consumer's while its prompts wait for slots: that error,
+    not a deadline the run never had."""
+    engine = ScriptedEngine(token_delay=0.1)
+    adm = Admission(slots=1)
+    other = adm.admit()
+    await other.acquire(1)
+    plan = plan_for(engine, b'{"prompt": ["a","b"], "max_tokens": 1000, "ignore_eos": true}')
+    with pytest.raises(ValueError, match="the consumer's"):
+        async with CompletionRun(engine, plan, Metrics(), ticket=adm.admit()):
+            await trio.testing.wait_all_tasks_blocked()
+            raise ValueError("the consumer's")
+    assert (adm.in_use, adm.queued, adm.waiting) == (1, 0, 0) and engine.in_flight == 0
+    other.close()
