@@ -135,6 +135,11 @@ async def _completions(
             "The server is shutting down." if state.draining else "The engine is not running.",
             retry_after=DRAINING_RETRY_AFTER if state.draining else DEAD_ENGINE_RETRY_AFTER,
         )
+    if request_id is not None and len(request_id) > state.limits.max_request_id_chars:
+        # Repeated in every event of a stream, like the body's request_id, and capped alike.
+        raise InvalidRequest(
+            f"X-Request-Id may have at most {state.limits.max_request_id_chars} characters, got {len(request_id)}."
+        )
     try:
         # Before the body is read or tokenized: a refused request costs nothing (vLLM counts its
         # queue only after rendering the prompts).
@@ -147,11 +152,6 @@ async def _completions(
         if req.model is not None and req.model != info.name:
             raise ModelNotFound(f"The model `{req.model}` does not exist.", param="model")
         state.admission.check_cost(req.sampling.n)
-        if request_id is not None and len(request_id) > state.limits.max_request_id_chars:
-            # Repeated in every event of a stream, like the body's request_id, and capped alike.
-            raise InvalidRequest(
-                f"X-Request-Id may have at most {state.limits.max_request_id_chars} characters, got {len(request_id)}."
-            )
         rid = request_id or req.request_id
         # The response id may be the client's own; the engine's ids must be unique, because a
         # batch abort names the requests to drop by them (two clients may send the same id).
