@@ -176,8 +176,9 @@ class Ticket:
         """Wait until ``cost`` slots are granted to this ticket.
 
         Returns at once, without a checkpoint, when nobody is waiting and the slots are free.
-        Otherwise waits its turn in the ring (a checkpoint even if the turn comes at once). Cancelled, it takes nothing: slots granted at the
-        same moment are handed back before :class:`trio.Cancelled` propagates."""
+        Otherwise waits its turn in the ring (a checkpoint even if the turn comes at once).
+        Cancelled, it takes nothing: slots granted at the same moment are handed back before
+        :class:`trio.Cancelled` propagates."""
         adm = self.admission
         assert not self.closed, "acquire on a closed ticket"
         assert self._want == 0, "one acquire at a time"
