@@ -90,6 +90,7 @@ async def start_server(
     token_delay: float = 0.0,
     fast_send: bool = True,
     write_timeout: float | None = None,
+    graceful_timeout: float = 1.0,
     **settings: object,
 ) -> LiveServer:
     """braid on the scripted engine, on a free loopback port. ``write_timeout`` defaults to the
@@ -101,7 +102,7 @@ async def start_server(
     stopped = trio.Event()
     cfg = ServerConfig(
         port=0,
-        graceful_timeout=1.0,
+        graceful_timeout=graceful_timeout,
         keep_alive_timeout=75.0,
         fast_send=fast_send,
         write_timeout=write_timeout or app_settings.stall_timeout,

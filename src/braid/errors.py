@@ -10,6 +10,7 @@
     ├── ModelNotFound           (404 NotFoundError)
     ├── EngineError             (500 InternalServerError) generation failed mid-way
     ├── EngineUnavailable       (503 ServiceUnavailableError) the engine is dead or draining
+    │   └── DrainTimeout        (503 ServiceUnavailableError) the drain's time ran out mid-request
     ├── TooManyRequests         (429 TooManyRequestsError) the admission queue is full
     ├── StreamStalled           (408 RequestTimeout)    the client stopped reading
     ├── DeadlineExceeded        (408 RequestTimeout)    --request-timeout passed
@@ -84,6 +85,11 @@ class EngineError(BraidError):
 class EngineUnavailable(BraidError):
     status = 503
     type = "ServiceUnavailableError"
+
+
+class DrainTimeout(EngineUnavailable):
+    """The server's drain (``--graceful-timeout``) ran out before the request finished; its engine
+    work was aborted. Nothing was wrong with the request: another replica can run it."""
 
 
 class TooManyRequests(BraidError):

@@ -80,6 +80,9 @@ class CompletionRun:
     """The request's admission ticket (None: no admission control); the run closes it on exit."""
     deadline: float = math.inf
     """When the run fails with DeadlineExceeded (Trio's clock)."""
+    live: set[CompletionRun] | None = None
+    """The server's set of open runs: the run is in it between ``__aenter__`` and ``__aexit__``,
+    so a drain that runs out of time can end each one with :meth:`abort_all`."""
     heartbeat: Heartbeat | None = attrs.field(init=False)
     """The stream's heartbeat (a streaming plan's run only)."""
     error: BraidError | None = None
@@ -104,6 +107,8 @@ class CompletionRun:
         except BaseException as exc:
             await self._outer_cm.__aexit__(type(exc), exc, exc.__traceback__)
             raise
+        if self.live is not None:
+            self.live.add(self)
         return self
 
     async def __aexit__(self, exc_type, exc, tb) -> bool | None:  # type: ignore[no-untyped-def]
@@ -118,9 +123,15 @@ class CompletionRun:
             self._recv.close()
             if self.ticket is not None:
                 self.ticket.close()
+            if self.live is not None:
+                self.live.discard(self)
 
     def abort_all(self, error: BraidError) -> None:
-        """Fail the run with ``error`` (the first error wins) and abort every driver now."""
+        """Fail the run with ``error`` (the first error wins) and abort every driver now.
+
+        Called from the run's own tasks, or from outside it (a drain that ran out of time); the
+        consumer sees the error at its next read, so a stream still ends with an error event and
+        ``[DONE]``. Not a checkpoint."""
         if self.error is None:
             self.error = error
         self._cancel_drivers()

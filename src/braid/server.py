@@ -1,11 +1,22 @@
 """Serve: run the app on hypercorn's trio backend from braid's own entry point.
 
 Not hypercorn's CLI: its worker processes are daemonic and cannot start vLLM's engine process,
-and with ``-w 0`` SIGTERM kills the process with no drain. Here SIGTERM or SIGINT starts a drain:
-``/health`` and new completions answer 503, in-flight responses get ``graceful_timeout`` seconds,
-then hypercorn cancels them, which aborts their engine requests (see :mod:`braid.run`). A write
-still waiting on a client's socket then is cut off too (:mod:`braid.http.write_deadline`), so a
-drain ends at ``graceful_timeout`` even when a client reads nothing.
+and with ``-w 0`` SIGTERM kills the process with no drain. Here SIGTERM or SIGINT starts a drain,
+which takes ``graceful_timeout`` seconds at most, whatever the clients do:
+
+1. At once: the listening sockets close (hypercorn's accept loop ends; a new connection is
+   refused, which a proxy retries on another replica), idle keep-alive connections close, and
+   ``/health`` and new completions on open connections answer 503 with ``Retry-After``.
+2. In-flight and queued requests go on (queued prompts start as slots free up).
+3. :data:`DRAIN_FLUSH` seconds before the end, every run still open is failed with
+   :class:`~braid.errors.DrainTimeout`: its engine requests are aborted and its queued prompts
+   dropped, and its response ends as an error does (a stream: an error event and ``[DONE]``), so
+   its client learns why rather than seeing the connection cut.
+4. At ``graceful_timeout`` hypercorn cancels what is left (a response still being written) and a
+   write still waiting on a client's socket is cut off (:mod:`braid.http.write_deadline`): a
+   client that reads nothing does not hold the drain up.
+
+Then :func:`serve` returns, and ``braid serve`` shuts the engine down and exits 0.
 """
 
 from __future__ import annotations
@@ -18,14 +29,20 @@ import hypercorn.config
 import hypercorn.trio
 import trio
 
+from braid.errors import DrainTimeout
 from braid.http.accept import ACCEPT_BATCH, batched_accept
 from braid.http.app import BraidApp
 from braid.http.fast_send import fast_send
 from braid.http.limits import configure_hypercorn
+from braid.http.view import DRAINING_RETRY_AFTER
 from braid.http.write_deadline import WriteDeadlines
 from braid.settings import Settings
 
 log = logging.getLogger("braid")
+
+DRAIN_FLUSH = 0.5
+"""Seconds at the end of a drain for the error events of the runs it ends to reach their clients
+(a quarter of ``graceful_timeout`` when that is shorter than 2 s)."""
 
 
 @attrs.frozen
@@ -89,6 +106,19 @@ async def serve(
     config = hypercorn_config(cfg)
     deadlines = config.write_deadlines
     assert deadlines is not None
+    flush = min(DRAIN_FLUSH, cfg.graceful_timeout / 4)
+
+    async def end_runs_in_time() -> None:
+        await trio.sleep(cfg.graceful_timeout - flush)
+        ended = app.state.end_runs(
+            DrainTimeout(
+                f"The server shut down {cfg.graceful_timeout:g} s after it started draining, before this "
+                "request finished; its engine work was aborted.",
+                retry_after=DRAINING_RETRY_AFTER,
+            )
+        )
+        if ended:
+            log.info("drain: ended %d request(s) still running", ended)
 
     async def trigger() -> None:
         async with trio.open_nursery() as nursery:
@@ -111,6 +141,7 @@ async def serve(
             if not handle_signals and shutdown is None:
                 await trio.sleep_forever()
         app.state.draining = True
+        drain.start_soon(end_runs_in_time)
         # hypercorn cancels the connections at the same instant, but its writes are shielded.
         deadlines.cut_off(trio.current_time() + cfg.graceful_timeout)
 
@@ -118,4 +149,6 @@ async def serve(
     # Always braid's TCP server: its write deadline holds with --stock-send too, which only
     # turns the direct write off (the Config's fast_send).
     with fast_send(), batched_accept(cfg.accept_batch):
-        await hypercorn.trio.serve(app, config, shutdown_trigger=trigger, task_status=task_status)
+        async with trio.open_nursery() as drain:
+            await hypercorn.trio.serve(app, config, shutdown_trigger=trigger, task_status=task_status)
+            drain.cancel_scope.cancel()  # every connection is closed: nothing is left to end

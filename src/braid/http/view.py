@@ -72,12 +72,26 @@ class AppState:
         default=attrs.Factory(lambda self: admission_for(self.settings, self.engine.info), takes_self=True)
     )
     draining: bool = False
+    runs: set[CompletionRun] = attrs.Factory(set)
+    """The runs open now (each adds itself on entry and leaves on exit; see :meth:`end_runs`)."""
     # One large batch tokenizes on a worker thread at a time (the tokenizer's worker copy is
     # not shared between threads; see braid.tokenize).
     tokenize_limiter: trio.CapacityLimiter = attrs.Factory(lambda: trio.CapacityLimiter(1))
     # Where response ids and creation times come from; tests pass fixed ones.
     new_id: Callable[[], str] = lambda: uuid.uuid4().hex
     now: Callable[[], float] = time.time
+
+    def end_runs(self, error: BraidError) -> int:
+        """Fail every open run with ``error`` now (a drain out of time); return how many.
+
+        Each run aborts its engine requests and drops its queued prompts at once; its response
+        still ends as an error does (a stream: an error event and ``[DONE]``; otherwise the
+        error's JSON), so a client learns why instead of seeing its connection cut.
+        """
+        runs = list(self.runs)
+        for run in runs:
+            run.abort_all(error)
+        return len(runs)
 
 
 @attrs.frozen
@@ -175,7 +189,7 @@ async def _completions(
         ticket.close()
         raise
     state.metrics.prompts.observe(len(plan.items))
-    run = CompletionRun(engine, plan, state.metrics, settings, ticket=ticket, deadline=deadline)
+    run = CompletionRun(engine, plan, state.metrics, settings, ticket=ticket, deadline=deadline, live=state.runs)
     if plan.stream:
         stream = CompletionStream(run, StreamMerger(plan, engine.tokenizer))
         # The run closes the ticket when it ends; a stream that is never started (its client
