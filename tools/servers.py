@@ -108,12 +108,19 @@ def _wait_healthy(kind: str, proc: subprocess.Popen[bytes], url: str, log: Path,
         if time.monotonic() > deadline:
             proc.kill()
             raise RuntimeError(f"{kind} server not healthy after {timeout} s; see {log}")
-        time.sleep(0.5)
+        time.sleep(0.1)
 
 
 @contextmanager
 def _run(
-    kind: str, argv: Sequence[str], port: int, log: Path, env: Mapping[str, str], timeout: float, stop_timeout: float
+    kind: str,
+    argv: Sequence[str],
+    port: int,
+    log: Path,
+    env: Mapping[str, str],
+    timeout: float,
+    stop_timeout: float,
+    headers: Mapping[str, str] | None = None,
 ) -> Iterator[ServerProcess]:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
@@ -121,7 +128,7 @@ def _run(
         url = f"http://127.0.0.1:{port}"
         try:
             _wait_healthy(kind, proc, url, log, timeout)
-            model = httpx.get(url + "/v1/models", timeout=5).json()["data"][0]["id"]
+            model = httpx.get(url + "/v1/models", headers=headers, timeout=5).json()["data"][0]["id"]
             yield ServerProcess(kind, url, model, proc, log)
         finally:
             if proc.poll() is None:
@@ -163,6 +170,24 @@ def run_braid(
             f"max_num_batched_tokens={s['max_num_batched_tokens']}",
         ]
     with _run("braid", [*argv, *extra], port, log, CPU_ENV, timeout, stop_timeout) as server:
+        yield server
+
+
+@contextmanager
+def run_scripted_braid(
+    *extra: str,
+    port: int | None = None,
+    api_key: str | None = None,
+    log: Path = Path("/tmp/braid-scripted.log"),
+    stop_timeout: float = 30.0,
+) -> Iterator[ServerProcess]:
+    """``braid serve --engine scripted`` (no model, starts in a second or two): for tests of what
+    is around the engine, such as a proxy in front of several replicas."""
+    port = port or free_port()
+    argv = [sys.executable, "-m", "braid", "serve", "--engine", "scripted", "--port", str(port)]
+    env = {"BRAID_API_KEY": api_key} if api_key else {}
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    with _run("braid", [*argv, *extra], port, log, env, 30.0, stop_timeout, headers) as server:
         yield server
 
 
