@@ -236,3 +236,20 @@ async def test_cors_any_origin(nursery: trio.Nursery) -> None:
         r = await c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, headers={"Origin": "http://x"})
         assert r.status_code == 200 and cors_headers(r) == {"access-control-allow-origin": "*"}
     srv.shutdown.set()
+
+
+async def test_keys_hold_over_http2(guarded: LiveServer) -> None:
+    """hypercorn also speaks HTTP/2 (cleartext, prior knowledge): the key check reads the same
+    routed path there, from the ``:path`` pseudo-header, and keep-alive streams share one connection."""
+    async with httpx.AsyncClient(base_url=guarded.url, http1=False, http2=True, timeout=10) as client:
+        for path in ("/v1/models", "//v1/models", "/v1/models/", "/%761/models", "/V1/MODELS", "/health/../v1/models"):
+            r = await client.get(path)
+            assert r.http_version == "HTTP/2" and r.status_code == 401, (path, r.status_code)
+            assert r.json()["error"]["type"] == "Unauthorized"
+        r = await client.post("/v1/completions", content=BODY, headers={"Content-Type": "application/json"})
+        assert r.status_code == 401
+        r = await client.post(
+            "/v1/completions", content=BODY, headers={"Content-Type": "application/json", **bearer(KEYS[1])}
+        )
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+        assert (await client.get("/health")).status_code == 200

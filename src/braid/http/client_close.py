@@ -21,12 +21,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypercorn.trio.tcp_server import TCPServer
-
+from braid.http.isolate import IsolatedTCPServer
 from braid.http.keep_alive import KeepAliveTimer
 
 
-class ClientCloseTCPServer(TCPServer):
+class ClientCloseTCPServer(IsolatedTCPServer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.idle_task = KeepAliveTimer()  # type: ignore[assignment]  # the same two methods, no waits
