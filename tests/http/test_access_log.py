@@ -190,6 +190,17 @@ async def test_the_forwarded_scheme_reaches_the_app() -> None:
     assert scope["client"] == ("10.0.0.1", 5)  # the server's own scope is left as it was
 
 
+def test_forwarded_entries_with_ports() -> None:
+    fix = ForwardedFor(lambda *_: None, ["10.0.0.0/8", "::1"])  # type: ignore[arg-type, return-value]
+    assert fix.client(["198.51.100.7:5678", "10.0.0.1:80"]) == ("198.51.100.7", 5678)
+    assert fix.client(["[2001:db8::7]:443", "[::1]:80"]) == ("2001:db8::7", 443)
+    assert fix.client(["2001:db8::7", "::1"]) == ("2001:db8::7", 0)
+    assert fix.client(["10.0.0.1", "unknown"]) == ("unknown", 0)  # not an address: not trusted
+    assert fix.client(["10.0.0.1:x"]) == ("10.0.0.1:x", 0)
+    assert fix.client(["[::1]x", "10.0.0.2"]) == ("[::1]x", 0)
+    assert fix.client([]) is None
+
+
 def test_allowed_peers_are_addresses_or_networks() -> None:
     assert parse_allowed([" 127.0.0.1", "::1", "10.1.2.3/8", "*"]) == ("127.0.0.1", "::1", "10.0.0.0/8", "*")
     for bad in ("localhost", "10.0.0.0/33", "1.2.3", ""):

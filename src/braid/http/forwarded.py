@@ -10,7 +10,8 @@ a client that reaches braid directly cannot put an address of its choice in the 
 Which address of the header: a proxy *appends* the address it saw, so the header reads
 ``client, proxy1, proxy2`` and only the right end is written by trusted hands. The client is the
 rightmost address that is not itself a trusted proxy (uvicorn's rule, which vLLM's server
-follows); if every address is trusted, or with ``*``, the leftmost. With ``*`` the leftmost is
+follows); if every address is trusted, or with ``*``, the leftmost. An entry may carry a port
+(``1.2.3.4:5678``, ``[::1]:5678``), which becomes the client's; else its port is 0. With ``*`` the leftmost is
 what the first proxy was told, so ``*`` is for a braid that only trusted proxies can reach, each
 of which overwrites the header rather than appends to it.
 
@@ -48,6 +49,23 @@ def parse_allowed(values: Iterable[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def host_port(entry: str) -> tuple[str, int]:
+    """An ``X-Forwarded-For`` entry: ``1.2.3.4``, ``1.2.3.4:5678``, ``::1``, ``[::1]:5678``. What
+    is none of these (``unknown``, a name) is returned whole, port 0, and is never trusted."""
+    host, port = entry, ""
+    if entry.startswith("["):
+        inside, bracket, rest = entry[1:].partition("]")
+        if bracket and (not rest or rest.startswith(":")):
+            host, port = inside, rest[1:]
+    elif entry.count(":") == 1:
+        host, _, port = entry.partition(":")
+    if port:
+        if not port.isdigit():
+            return entry, 0
+        return host, int(port)
+    return host, 0
+
+
 class ForwardedFor:
     """The ASGI middleware around the app (see the module's contract)."""
 
@@ -72,15 +90,17 @@ class ForwardedFor:
             return False
         return any(address in network for network in self._networks)
 
-    def client(self, forwarded_for: list[str]) -> str | None:
-        """The client's address from the header's addresses, in order (see the module's rule)."""
+    def client(self, forwarded_for: list[str]) -> tuple[str, int] | None:
+        """The client's (address, port) from the header's entries, in order (see the module's
+        rule); the port is 0 unless the entry has one."""
         if not forwarded_for:
             return None
         if not self._any:
-            for host in reversed(forwarded_for):
+            for entry in reversed(forwarded_for):
+                host, port = host_port(entry)
                 if not self.trusted(host):
-                    return host
-        return forwarded_for[0]
+                    return host, port
+        return host_port(forwarded_for[0])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         peer = scope.get("client")
@@ -97,13 +117,13 @@ class ForwardedFor:
                 addresses += [a for a in (p.strip() for p in value.decode("latin-1").split(",")) if a]
             elif name == b"x-forwarded-proto":
                 proto = value.decode("latin-1").rsplit(",", 1)[-1].strip().lower()
-        host = self.client(addresses)
-        if host is None and proto not in _SCHEMES:
+        client = self.client(addresses)
+        if client is None and proto not in _SCHEMES:
             return scope
         # A copy: the server keeps the scope it made (hypercorn reads it after the app returns).
         scope = dict(scope)
-        if host is not None:
-            scope["client"] = (host, 0)  # the header carries no port
+        if client is not None:
+            scope["client"] = client
         if proto in _SCHEMES:
             scope["scheme"] = proto if scope["type"] == "http" else {"http": "ws", "https": "wss"}[proto]
         return scope
@@ -116,4 +136,4 @@ def install(app: Any, allowed: Iterable[str]) -> None:
         app.asgi_app = ForwardedFor(app.asgi_app, allowed)
 
 
-__all__ = ["ForwardedFor", "install", "parse_allowed"]
+__all__ = ["ForwardedFor", "host_port", "install", "parse_allowed"]
