@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -18,13 +19,13 @@ import trio
 from tools.servers import free_port
 
 
-def _start(*args: str) -> tuple[subprocess.Popen[bytes], str]:
+def _start(*args: str, stderr: int = subprocess.STDOUT) -> tuple[subprocess.Popen[bytes], str]:
     """Start ``braid serve --engine scripted`` on a free port and wait until it is healthy."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "braid", "serve", "--engine", "scripted", "--port", str(port), *args],
         stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stderr=stderr,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 20
@@ -377,5 +378,58 @@ def test_help_shows_each_default_and_variable(capsys: pytest.CaptureFixture[str]
         "(default: 8000; env BRAID_PORT)",
         "(default: 256; env BRAID_MAX_QUEUED_REQUESTS)",
         "(default: off; env BRAID_ACCESS_LOG)",
+        "(default: text; env BRAID_LOG_FORMAT)",
+        "(default: none; env BRAID_FORWARDED_ALLOW_IPS)",
     ):
         assert shown in out
+
+
+def test_log_flags_and_their_variables(capsys: pytest.CaptureFixture[str]) -> None:
+    from braid.cli import _parser, settings_from
+
+    settings = settings_from(_parser().parse_args(["serve"]), {})
+    assert (settings.access_log, settings.forwarded_allow_ips) == (False, ())
+    assert _parser().parse_args(["serve"]).log_format == "text"
+    args = _parser().parse_args(
+        ["serve", "--log-format", "json", "--access-log", "--forwarded-allow-ips", "10.0.0.1, 10.1.0.0/16,::1"]
+    )
+    settings = settings_from(args, {})
+    assert args.log_format == "json" and settings.access_log
+    assert settings.forwarded_allow_ips == ("10.0.0.1", "10.1.0.0/16", "::1")
+    env = {"BRAID_LOG_FORMAT": "json", "BRAID_ACCESS_LOG": "true", "BRAID_FORWARDED_ALLOW_IPS": "*"}
+    args = _parser(env).parse_args(["serve"])
+    assert (args.log_format, args.access_log, settings_from(args, {}).forwarded_allow_ips) == ("json", True, ("*",))
+    assert _parser(env).parse_args(["serve", "--log-format", "text"]).log_format == "text"
+    for bad in ({"BRAID_LOG_FORMAT": "xml"}, {"BRAID_FORWARDED_ALLOW_IPS": "nginx.local"}):
+        with pytest.raises(SystemExit):
+            _parser(bad).parse_args(["serve"])
+        assert next(iter(bad)) in capsys.readouterr().err
+    for argv in (["--log-format", "xml"], ["--forwarded-allow-ips", "10.0.0.0/33"]):
+        with pytest.raises(SystemExit):
+            _parser().parse_args(["serve", *argv])
+        assert argv[0] in capsys.readouterr().err
+
+
+def test_json_logs_from_braid_serve() -> None:
+    """``--log-format json --access-log``: access lines on stdout, every other record on stderr,
+    each line one JSON object; the remote address is the forwarded client's for an allowed peer;
+    hypercorn's records come once, in braid's format."""
+    proc, url = _start(
+        "--log-format", "json", "--access-log", "--forwarded-allow-ips", "127.0.0.1", stderr=subprocess.PIPE
+    )
+    try:
+        r = httpx.get(url + "/v1/models", headers={"X-Forwarded-For": "198.51.100.7", "X-Request-Id": "ops-1"})
+        assert r.status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0
+    access = [json.loads(line) for line in out.decode().splitlines()]
+    records = [json.loads(line) for line in err.decode().splitlines()]
+    assert {a["logger"] for a in access} == {"braid.access"}
+    models = [a for a in access if a["path"] == "/v1/models"]
+    assert len(models) == 1 and models[0]["remote"] == "198.51.100.7" and models[0]["request_id"] == "ops-1"
+    assert all(a["remote"] == "127.0.0.1" for a in access if a["path"] == "/health")  # the readiness polls
+    assert all(set(rec) == {"time", "level", "logger", "message"} for rec in records), records
+    assert [rec["logger"] for rec in records if "Running on" in rec["message"]] == ["hypercorn.error"]
+    assert any(rec["logger"] == "braid" and "draining" in rec["message"] for rec in records)

@@ -26,6 +26,8 @@ from braid.admit import default_reserve
 from braid.engine.base import Engine
 from braid.engine.scripted import ScriptedEngine
 from braid.engine.vllm_common import check_engine_args
+from braid.logs import LOG_FORMATS
+from braid.logs import configure as configure_logs
 from braid.settings import Settings
 
 if TYPE_CHECKING:
@@ -82,6 +84,15 @@ def _key_file(path: str) -> list[str]:
         # An empty file must not leave the server open when its owner meant to close it.
         raise argparse.ArgumentTypeError(f"no keys in {path}")
     return keys
+
+
+def _allowed_peers(text: str) -> tuple[str, ...]:
+    from braid.http.forwarded import parse_allowed  # no quart
+
+    try:
+        return parse_allowed(part for part in text.split(",") if part.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
@@ -186,6 +197,28 @@ def _parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
         metavar="ORIGIN",
         help="enable CORS for this origin, e.g. https://app.example, or * for any (repeatable; default: no CORS)",
     )
+    g = s.add_argument_group("logs (braid.logs, braid.http.access_log)")
+    g.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="text",
+        help="text: readable lines; json: one JSON object per line (time, level, logger, message, "
+        "exception), for a log agent",
+    )
+    g.add_argument(
+        "--access-log",
+        action="store_true",
+        help="one line per HTTP request on stdout: remote address, method, path, status, bytes, "
+        "duration, request id, user agent (the rest of the log goes to stderr)",
+    )
+    g.add_argument(
+        "--forwarded-allow-ips",
+        type=_allowed_peers,
+        default=(),
+        metavar="IPS",
+        help="comma-separated addresses or networks of proxies whose X-Forwarded-For and "
+        "X-Forwarded-Proto braid trusts, or * for any peer; other peers' are ignored",
+    )
     a = s.add_argument_group("admission (docs/admission.md)")
     a.add_argument(
         "--max-in-flight-requests",
@@ -247,7 +280,6 @@ def _parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
         "one per scheduler round (for comparison)",
     )
     h.add_argument("--keep-alive", type=float, default=75.0, help="idle keep-alive timeout (seconds)")
-    h.add_argument("--access-log", action="store_true")
     h.add_argument(
         "--switch-interval",
         type=float,
@@ -289,7 +321,7 @@ def _env_defaults(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
         if not action.option_strings or action.dest in _ENV_SKIPPED:
             continue
         name = env_name(action)
-        shown = "none" if action.default is None else action.default
+        shown = "none" if action.default is None or action.default in ((), []) else action.default
         if isinstance(action, argparse._StoreTrueAction):
             shown = "off"
         extra = f"(default: {shown}; env {name})".replace("%", "%%")
@@ -444,6 +476,8 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
         api_keys=api_keys(args, os.environ if env is None else env),
         metrics_public=args.metrics_public,
         allowed_origins=args.allowed_origins,
+        access_log=args.access_log,
+        forwarded_allow_ips=args.forwarded_allow_ips,
     )
 
 
@@ -455,7 +489,6 @@ def _server_config(args: argparse.Namespace) -> ServerConfig:
         args.port,
         args.graceful_timeout,
         args.keep_alive,
-        args.access_log,
         fast_send=not args.stock_send,
         # One timeout for a client that reads nothing, unless the connection's is set apart.
         write_timeout=args.write_timeout or args.stall_timeout,
@@ -479,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = settings_from(args)
     except ValueError as exc:
         parser.error(str(exc))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logs(args.log_format)
     if settings.api_keys:
         log.info("API keys: %d; open without one: %s", len(settings.api_keys), settings.open_paths)
     cfg = _server_config(args)

@@ -54,7 +54,6 @@ class ServerConfig:
     # Longer than nginx's upstream keepalive_timeout (60 s), so the proxy closes idle upstream
     # connections first and never reuses one that hypercorn is closing.
     keep_alive_timeout: float = 75.0
-    access_log: bool = False
     # Write each response chunk straight to the socket when it has room (braid.http.fast_send).
     fast_send: bool = True
     # A connection whose client takes less than 16 KiB of a response in this long is reset
@@ -84,7 +83,11 @@ def hypercorn_config(cfg: ServerConfig) -> _HypercornConfig:
     config.backlog = cfg.backlog
     config.graceful_timeout = cfg.graceful_timeout
     config.keep_alive_timeout = cfg.keep_alive_timeout
-    config.accesslog = "-" if cfg.access_log else None
+    # braid's own access log (braid.http.access_log) sees the forwarded client; hypercorn's would
+    # log the proxy. Its error logger is handed over as a logger, so hypercorn adds no handler of
+    # its own and its records reach the root logger's, in braid's format (braid.logs), once.
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
     config.write_deadlines = WriteDeadlines(cfg.write_timeout)
     config.fast_send = cfg.fast_send
     return config

@@ -24,6 +24,12 @@ def _bearer_keys(_inst: object, _attr: object, keys: tuple[str, ...]) -> None:
             raise ValueError("an API key must be non-empty visible ASCII without spaces")
 
 
+def _allowed_peers(values: Iterable[str]) -> tuple[str, ...]:
+    from braid.http.forwarded import parse_allowed  # ValueError for a value that is no address
+
+    return parse_allowed(values)
+
+
 @attrs.frozen
 class Settings:
     max_prompts: int = attrs.field(default=1024, validator=attrs.validators.gt(0))
@@ -70,6 +76,11 @@ class Settings:
     """With api_keys: GET /metrics is open too."""
     allowed_origins: tuple[str, ...] = attrs.field(default=(), converter=_strings)
     """CORS origins (or "*"); empty: no CORS headers at all (braid.http.cors)."""
+    access_log: bool = False
+    """One log line per HTTP request on the ``braid.access`` logger (braid.http.access_log)."""
+    forwarded_allow_ips: tuple[str, ...] = attrs.field(default=(), converter=_allowed_peers)
+    """Peers (IPs, networks, or "*") whose X-Forwarded-For/-Proto are trusted; empty: the headers
+    are ignored (braid.http.forwarded)."""
 
     @property
     def open_paths(self) -> tuple[str, ...]:

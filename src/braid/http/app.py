@@ -6,7 +6,8 @@ body (within the limits of :mod:`braid.http.limits`), calls it, and turns its an
 quart's response timeout). The handlers below render what escapes a view: a
 :class:`~braid.errors.BraidError` as its JSON error, werkzeug's HTTP errors (e.g. an unknown route)
 in vLLM's format, anything else as a 500. API keys (:mod:`braid.http.auth`) and CORS
-(:mod:`braid.http.cors`) wrap the app's ASGI callable, so they run before any route is matched.
+(:mod:`braid.http.cors`) wrap the app's ASGI callable, so they run before any route is matched;
+so do the status counter, the access log and the forwarded-headers fix, in that order outwards.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import braid
 from braid.encode import error_body
 from braid.engine.base import Engine
 from braid.errors import BraidError, error_payload
-from braid.http import auth, cors, counting, limits, view
+from braid.http import access_log, auth, cors, counting, forwarded, limits, view
 from braid.http.view import AppState, JsonResponse
 from braid.metrics import Metrics
 from braid.settings import Settings
@@ -77,8 +78,11 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
     auth.install(app, settings)
     cors.install(app, settings)
     state = AppState(engine, settings, metrics or Metrics())
-    # Outermost: a 401, a preflight and a 404 are answers too.
+    # Outside those: a 401, a preflight and a 404 are answers too.
     counting.install(app, state.metrics.http_responses, ROUTES)
+    access_log.install(app, settings.access_log)
+    # Outermost: the access log shows the forwarded client, and nothing inside sees the proxy.
+    forwarded.install(app, settings.forwarded_allow_ips)
     state.metrics.track_engine_unfinished(engine.unfinished_requests)
     state.metrics.track_admission(lambda: state.admission.in_use, lambda: state.admission.queued)
     app.extensions["braid"] = state
