@@ -22,6 +22,7 @@ from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException
 
 import braid
+from braid import responses
 from braid.encode import error_body
 from braid.engine.base import Engine
 from braid.errors import BraidError, error_payload
@@ -132,17 +133,17 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
 
     @app.get("/v1/models")
     async def models() -> Response:
-        card = {
-            "id": info.name,
-            "object": "model",
-            "created": int(time.time()),
-            "owned_by": "braid",
-            "root": info.root,
-            "parent": None,
-            "max_model_len": info.max_model_len,
-            "permission": [],
-        }
-        return _json(msgspec.json.encode({"object": "list", "data": [card]}))
+        card = responses.ModelCard(
+            id=info.name,
+            object="model",
+            created=int(time.time()),
+            owned_by="braid",
+            root=info.root,
+            parent=None,
+            max_model_len=info.max_model_len,
+            permission=[],
+        )
+        return _json(msgspec.json.encode(responses.ModelList(object="list", data=[card])))
 
     @app.get("/health")
     async def health() -> Response:
@@ -152,7 +153,7 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
 
     @app.get("/version")
     async def version() -> Response:
-        return _json(msgspec.json.encode({"version": braid.__version__}))
+        return _json(msgspec.json.encode(responses.Version(version=braid.__version__)))
 
     @app.get("/metrics")
     async def metrics_view() -> Response:
