@@ -26,7 +26,7 @@ from braid import responses
 from braid.encode import error_body
 from braid.engine.base import Engine
 from braid.errors import BraidError, error_payload
-from braid.http import auth, cors, counting, limits, view
+from braid.http import auth, cors, counting, limits, openapi, view
 from braid.http.view import AppState, JsonResponse
 from braid.metrics import Metrics
 from braid.settings import Settings
@@ -60,7 +60,7 @@ class BraidApp(QuartTrio):
         return self.extensions["braid"]
 
 
-ROUTES = frozenset({"/v1/completions", "/v1/models", "/health", "/version", "/metrics"})
+ROUTES = frozenset({"/v1/completions", "/v1/models", "/health", "/version", "/metrics", "/openapi.json"})
 """The app's routes, the values of the ``route`` label of ``braid_http_responses_total``."""
 
 
@@ -158,5 +158,11 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
     @app.get("/metrics")
     async def metrics_view() -> Response:
         return Response(state.metrics.render(), mimetype="text/plain; version=0.0.4")
+
+    spec = openapi.encoded(settings, braid.__version__)
+
+    @app.get("/openapi.json")
+    async def openapi_view() -> Response:
+        return _json(spec)
 
     return app
