@@ -92,7 +92,10 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
     async def _http_error(err: HTTPException) -> Response:
         code = err.code or 500
         body = error_payload(err.description or err.name, err.name, None, code)
-        return _json(msgspec.json.encode(body), code)
+        # werkzeug's headers but its HTML content type: a 405 must say which methods are allowed
+        # (RFC 9110 §15.5.6), as vLLM's (Starlette's) 405 does.
+        headers = tuple((k, v) for k, v in err.get_headers() if k.lower() != "content-type")
+        return _json(msgspec.json.encode(body), code, headers)
 
     @app.errorhandler(Exception)
     async def _unexpected(err: Exception) -> Response:
