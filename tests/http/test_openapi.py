@@ -10,6 +10,8 @@ from typing import Any
 
 import httpx
 import msgspec
+import pytest
+import schemathesis
 import trio
 
 import braid
@@ -34,6 +36,12 @@ async def test_the_served_document_has_every_route_of_the_app(client: httpx.Asyn
             continue
         methods = {m.lower() for m in rule.methods or ()} - {"head", "options"}
         assert set(doc["paths"][rule.rule]) == methods, rule.rule
+
+
+@pytest.mark.parametrize("settings", [Settings(), Settings(api_keys=("k",), metrics_public=True)])
+def test_the_document_is_valid_openapi(settings: Settings) -> None:
+    # against the OpenAPI 3.2 meta-schema, which schemathesis carries
+    schemathesis.openapi.from_dict(document(settings, "0")).validate()
 
 
 def test_the_request_schema_is_the_decoders() -> None:
