@@ -11,11 +11,11 @@ from braid.engine.base import SamplingParams
 from braid.errors import InvalidRequest, SchemaError
 from braid.request import (
     _UNSUPPORTED,
+    CompletionBody,
     CompletionRequest,
     Limits,
     TextPrompt,
     TokenPrompt,
-    _Body,
     parse_prompts,
     parse_request,
 )
@@ -449,7 +449,7 @@ NOT_SAMPLING = {
 
 def test_every_body_field_is_a_sampling_parameter_or_the_requests_own() -> None:
     sampling = {field.name for field in attrs.fields(SamplingParams)}
-    body = set(_Body.__struct_fields__)
+    body = set(CompletionBody.__struct_fields__)
     assert sampling <= body
     assert body - sampling == NOT_SAMPLING
 

@@ -17,7 +17,7 @@ import json
 import math
 import re
 from collections.abc import Sequence, Sized
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import attrs
 import msgspec
@@ -71,16 +71,32 @@ class Limits:
     vocab_size: int = 2**31 - 1
 
 
-class _StreamOptions(msgspec.Struct):
+# The four prompt shapes, for the JSON schema only: msgspec decodes ``prompt`` as ``Any`` (it
+# cannot decode a union of several list shapes), and parse_prompts checks the shape by hand.
+# msgspec reads ``extra_json_schema`` only when it writes a schema: decoding does no more work.
+_TOKEN_IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
+_PROMPT_SCHEMA = {
+    "description": "One prompt (text, or token ids) or a batch of them (texts, or token-id lists).",
+    "anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "minItems": 1, "items": {"type": "string"}},
+        _TOKEN_IDS,
+        {"type": "array", "minItems": 1, "items": _TOKEN_IDS},
+    ],
+}
+
+
+class StreamOptions(msgspec.Struct):
     include_usage: bool | None = None
     continuous_usage_stats: bool | None = None
 
 
-class _Body(msgspec.Struct):
-    """The wire schema. ``None`` means absent or null, as in vLLM's pydantic model."""
+class CompletionBody(msgspec.Struct):
+    """The body of ``POST /v1/completions``. Unknown fields are ignored; a nullable field's
+    ``null`` means absent, as in vLLM."""
 
     model: str | None = None
-    prompt: Any = None
+    prompt: Annotated[Any, msgspec.Meta(extra_json_schema=_PROMPT_SCHEMA)] = None
     max_tokens: int | None = None
     n: int = 1
     temperature: float | None = None
@@ -102,7 +118,7 @@ class _Body(msgspec.Struct):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     stream: bool | None = None
-    stream_options: _StreamOptions | None = None
+    stream_options: StreamOptions | None = None
     echo: bool | None = None
     logprobs: int | None = None
     prompt_logprobs: int | None = None
@@ -129,7 +145,7 @@ class _Body(msgspec.Struct):
     repetition_detection: Any = None
 
 
-_DECODER = msgspec.json.Decoder(_Body)
+_DECODER = msgspec.json.Decoder(CompletionBody)
 _PATH = re.compile(r" - at `\$\.?([^`]*)`$")
 
 
@@ -164,7 +180,7 @@ def _schema(message: str, param: str | None = None) -> SchemaError:
     return SchemaError(message, param=param)
 
 
-def decode_body(body: bytes) -> _Body:
+def decode_body(body: bytes) -> CompletionBody:
     try:
         return _DECODER.decode(body)
     except msgspec.ValidationError as exc:
@@ -349,7 +365,7 @@ def _check_words(name: str, words: Sequence[str], cap: int) -> None:
             raise _bad(f"{name}[{i}] has {len(word)} characters; at most {cap} are allowed.", name)
 
 
-def _check_fields(b: _Body, limits: Limits) -> None:
+def _check_fields(b: CompletionBody, limits: Limits) -> None:
     for name, message in _UNSUPPORTED.items():
         value = getattr(b, name)
         if name == "use_beam_search":
@@ -454,7 +470,7 @@ def _logit_bias(raw: dict[str, float] | None, vocab_size: int) -> tuple[tuple[in
     return tuple(out)
 
 
-def _sampling_params(b: _Body, limits: Limits) -> SamplingParams:
+def _sampling_params(b: CompletionBody, limits: Limits) -> SamplingParams:
     """The body's sampling fields, by the names :class:`SamplingParams` declares: a field absent
     or null takes its default there and a list becomes a tuple. Only the fields whose wire form
     differs from the engine's are converted by hand."""

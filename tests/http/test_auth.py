@@ -10,6 +10,7 @@ import httpx
 import pytest
 import trio
 
+from braid.http import app
 from tests.helpers import LiveServer, start_server
 
 KEYS = ("key-one", "key-two")
@@ -54,7 +55,17 @@ def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-ROUTES = [("POST", "/v1/completions"), ("GET", "/v1/models"), ("GET", "/version"), ("GET", "/metrics")]
+ROUTES = [
+    ("POST", "/v1/completions"),
+    ("GET", "/v1/models"),
+    ("GET", "/version"),
+    ("GET", "/metrics"),
+    ("GET", "/openapi.json"),
+]
+
+
+def test_the_guarded_routes_are_every_route_but_health() -> None:
+    assert {path for _, path in ROUTES} == app.ROUTES - {"/health"}
 
 
 @pytest.mark.parametrize(("method", "path"), ROUTES)
@@ -173,7 +184,7 @@ async def test_metrics_public_opens_only_metrics(nursery: trio.Nursery) -> None:
 async def test_without_keys_everything_is_open_as_before(nursery: trio.Nursery) -> None:
     srv = await start_server(nursery)
     async with httpx.AsyncClient(base_url=srv.url, timeout=10) as c:
-        for path in ("/v1/models", "/version", "/metrics", "/health"):
+        for path in ("/v1/models", "/version", "/metrics", "/health", "/openapi.json"):
             assert (await c.get(path)).status_code == 200
         assert (await c.get("/nope")).status_code == 404
     srv.shutdown.set()

@@ -252,6 +252,19 @@ async def test_unknown_route_and_method_are_json(client: httpx.AsyncClient) -> N
     assert r.status_code == 405 and r.json()["error"]["code"] == 405
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [("GET", "/v1/completions", "OPTIONS, POST"), ("TRACE", "/health", "GET, HEAD, OPTIONS")],
+)
+async def test_a_405_says_which_methods_are_allowed(
+    client: httpx.AsyncClient, method: str, path: str, allow: str
+) -> None:
+    # found by schemathesis (tests/http/test_schemathesis.py): the 405 had no Allow header
+    r = await client.request(method, path)
+    assert r.status_code == 405 and r.headers["content-type"] == "application/json"
+    assert set(r.headers["allow"].split(", ")) == set(allow.split(", "))
+
+
 async def test_late_engine_rejection(client: httpx.AsyncClient, server: LiveServer) -> None:
     body = {"prompt": ["fine", "braid:invalid", "also fine"], "max_tokens": 50, "ignore_eos": True}
     r = await client.post("/v1/completions", json=body)

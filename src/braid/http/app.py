@@ -23,10 +23,11 @@ from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException
 
 import braid
+from braid import responses
 from braid.encode import error_body
 from braid.engine.base import Engine
 from braid.errors import BraidError, error_payload
-from braid.http import access_log, auth, cors, counting, forwarded, limits, view
+from braid.http import access_log, auth, cors, counting, forwarded, limits, openapi, view
 from braid.http.view import AppState, JsonResponse
 from braid.metrics import Metrics
 from braid.settings import Settings
@@ -60,7 +61,7 @@ class BraidApp(QuartTrio):
         return self.extensions["braid"]
 
 
-ROUTES = frozenset({"/v1/completions", "/v1/models", "/health", "/version", "/metrics"})
+ROUTES = frozenset({"/v1/completions", "/v1/models", "/health", "/version", "/metrics", "/openapi.json"})
 """The app's routes, the values of the ``route`` label of ``braid_http_responses_total``."""
 
 
@@ -95,7 +96,10 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
     async def _http_error(err: HTTPException) -> Response:
         code = err.code or 500
         body = error_payload(err.description or err.name, err.name, None, code)
-        return _json(msgspec.json.encode(body), code)
+        # werkzeug's headers but its HTML content type: a 405 must say which methods are allowed
+        # (RFC 9110 §15.5.6), as vLLM's (Starlette's) 405 does.
+        headers = tuple((k, v) for k, v in err.get_headers() if k.lower() != "content-type")
+        return _json(msgspec.json.encode(body), code, headers)
 
     @app.errorhandler(Exception)
     async def _unexpected(err: Exception) -> Response:
@@ -136,17 +140,17 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
 
     @app.get("/v1/models")
     async def models() -> Response:
-        card = {
-            "id": info.name,
-            "object": "model",
-            "created": int(time.time()),
-            "owned_by": "braid",
-            "root": info.root,
-            "parent": None,
-            "max_model_len": info.max_model_len,
-            "permission": [],
-        }
-        return _json(msgspec.json.encode({"object": "list", "data": [card]}))
+        card = responses.ModelCard(
+            id=info.name,
+            object="model",
+            created=int(time.time()),
+            owned_by="braid",
+            root=info.root,
+            parent=None,
+            max_model_len=info.max_model_len,
+            permission=[],
+        )
+        return _json(msgspec.json.encode(responses.ModelList(object="list", data=[card])))
 
     @app.get("/health")
     async def health() -> Response:
@@ -156,10 +160,16 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
 
     @app.get("/version")
     async def version() -> Response:
-        return _json(msgspec.json.encode({"version": braid.__version__}))
+        return _json(msgspec.json.encode(responses.Version(version=braid.__version__)))
 
     @app.get("/metrics")
     async def metrics_view() -> Response:
         return Response(state.metrics.render(), mimetype="text/plain; version=0.0.4")
+
+    spec = openapi.encoded(settings, braid.__version__)
+
+    @app.get("/openapi.json")
+    async def openapi_view() -> Response:
+        return _json(spec)
 
     return app

@@ -1,0 +1,157 @@
+"""The response bodies braid sends, declared once as msgspec Structs.
+
+:mod:`braid.http.openapi` generates the response schemas of ``/openapi.json`` from these; the
+models and version routes encode through them. The completion bodies, stream events and errors
+are written on the hot path by :mod:`braid.encode` (hand-built, vLLM's field order); these
+Structs describe exactly those bytes, and the tests decode real responses through them with
+unknown fields forbidden, so a field added to one and not the other fails a test.
+
+Every field is nullable where vLLM's is, and fields that braid always sends as ``null`` (vLLM
+fields braid has nothing to put in) are typed ``None``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+
+class _Strict(msgspec.Struct, forbid_unknown_fields=True):
+    """Unknown fields are an error when a test decodes a response, and ``additionalProperties:
+    false`` in the schema."""
+
+
+class Logprobs(_Strict):
+    """OpenAI's legacy logprobs: one entry per token in each list."""
+
+    text_offset: list[int]
+    token_logprobs: list[float | None]
+    tokens: list[str]
+    top_logprobs: list[dict[str, float] | None]
+
+
+class PromptLogprob(_Strict):
+    logprob: float
+    rank: int | None
+    decoded_token: str
+
+
+class PromptTokensDetails(_Strict):
+    cached_tokens: int
+    # In a non-streamed body only (vLLM's final usage event drops them).
+    created_cache_tokens: None = None
+    multimodal_tokens: None = None
+
+
+class Usage(_Strict):
+    prompt_tokens: int
+    total_tokens: int
+    completion_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+    """Absent in a stream; null in a body unless ``--prompt-tokens-details`` is on."""
+    completion_tokens_details: None = None
+
+
+class CompletionChoice(_Strict):
+    index: int
+    text: str
+    logprobs: Logprobs | None
+    finish_reason: str | None
+    stop_reason: str | int | None
+    token_ids: list[int] | None
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None
+    prompt_token_ids: list[int] | None
+    routed_experts: None
+
+
+class Completion(_Strict):
+    """The body of a non-streamed completion."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    service_tier: None
+    system_fingerprint: None
+    usage: Usage
+    kv_transfer_params: None
+    ec_transfer_params: None
+    metrics: None
+
+
+class CompletionChunkChoice(_Strict):
+    index: int
+    text: str
+    logprobs: Logprobs | None
+    finish_reason: str | None
+    stop_reason: str | int | None
+    prompt_token_ids: list[int] | None
+    token_ids: list[int] | None
+
+
+class CompletionChunk(_Strict):
+    """One ``data:`` event of a stream. The last event before ``data: [DONE]`` may carry the
+    usage alone, with no choices (``stream_options.include_usage``)."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChunkChoice]
+    usage: Usage | msgspec.UnsetType = msgspec.UNSET
+    """On every event with ``continuous_usage_stats``, else on the last one only or not at all."""
+
+
+class ErrorDetail(_Strict):
+    message: str
+    type: str
+    """vLLM's name for the class of error, e.g. ``BadRequestError``."""
+    param: str | None
+    """The offending request field, when there is one."""
+    code: int
+    """The HTTP status."""
+
+
+class Error(_Strict):
+    """Every error, as a JSON body and as a stream's last ``data:`` event before ``[DONE]``."""
+
+    error: ErrorDetail
+
+
+class ModelCard(_Strict):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    root: str
+    parent: None
+    max_model_len: int
+    permission: list[dict[str, Any]]  # not `object`: the field above shadows it here
+
+
+class ModelList(_Strict):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class Version(_Strict):
+    version: str
+
+
+__all__ = [
+    "Completion",
+    "CompletionChoice",
+    "CompletionChunk",
+    "CompletionChunkChoice",
+    "Error",
+    "ErrorDetail",
+    "Logprobs",
+    "ModelCard",
+    "ModelList",
+    "PromptLogprob",
+    "PromptTokensDetails",
+    "Usage",
+    "Version",
+]
