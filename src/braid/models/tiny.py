@@ -5,7 +5,8 @@ this model once and caches it. The build is deterministic (fixed corpus order, f
 fixed number of training steps on one thread) and prints its progress.
 
 * corpus: the ``.py`` files of this Python's standard library, in sorted order, up to ``corpus_bytes``;
-* tokenizer: byte-level BPE (``tokenizers``), ``vocab_size`` ids, with ``<s>``, ``</s>``, ``<pad>``;
+* tokenizer: byte-level BPE (``tokenizers``), ``vocab_size`` ids, with ``<s>``, ``</s>``, ``<pad>``,
+  and a chat template (:data:`CHAT_TEMPLATE`: role markers as text, ``</s>`` after each message);
 * model: ``LlamaForCausalLM``, 2 layers, hidden 128, 4 heads / 2 KV heads, tied embeddings;
 * training: ``steps`` of next-token prediction, so greedy output looks like Python, not noise.
 
@@ -28,7 +29,17 @@ from pathlib import Path
 
 import attrs
 
-BUILD_VERSION = 1
+BUILD_VERSION = 2
+"""2: a chat template with role markers."""
+
+# Role markers as plain text (no new tokens, so the vocabulary and the weights stay as they were),
+# each message ended by </s> (EOS, a special token the template's text turns into its id, as
+# chat templates of real models do). ``continue_final_message`` needs the final message's content
+# to appear as it is: it does.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 
 
 @attrs.frozen
@@ -128,7 +139,7 @@ def _build_into(out: Path, spec: TinySpec, log) -> None:  # type: ignore[no-unty
     bpe.train_from_iterator(texts, trainer=trainer)
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
     tok.add_bos_token = True
-    tok.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    tok.chat_template = CHAT_TEMPLATE
     log(f"[tiny] tokenizer: {len(tok)} tokens ({time.monotonic() - started:.1f} s)")
 
     config = LlamaConfig(
