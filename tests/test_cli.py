@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -433,3 +434,37 @@ def test_json_logs_from_braid_serve() -> None:
     assert all(set(rec) == {"time", "level", "logger", "message"} for rec in records), records
     assert [rec["logger"] for rec in records if "Running on" in rec["message"]] == ["hypercorn.error"]
     assert any(rec["logger"] == "braid" and "draining" in rec["message"] for rec in records)
+
+
+def test_openai_client_chat(braid_url: str) -> None:
+    client = openai.OpenAI(base_url=braid_url + "/v1", api_key="unused", max_retries=0)
+    messages: list[Any] = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
+    done = client.chat.completions.create(model="scripted", messages=messages, max_tokens=6, seed=2, n=2)
+    assert [c.index for c in done.choices] == [0, 1]
+    assert all(c.message.role == "assistant" and c.message.content for c in done.choices)
+    assert done.usage is not None and done.usage.completion_tokens > 0
+
+    stream = client.chat.completions.create(
+        model="scripted",
+        messages=messages,
+        max_tokens=6,
+        seed=2,
+        n=2,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    texts: dict[int, str] = {}
+    roles: dict[int, str] = {}
+    usage = []
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage.append(chunk.usage)
+        for c in chunk.choices:
+            if c.delta.role:
+                roles[c.index] = c.delta.role
+            texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+    assert roles == {0: "assistant", 1: "assistant"}
+    assert texts == {c.index: c.message.content for c in done.choices}
+    assert len(usage) == 1 and usage[0].completion_tokens == done.usage.completion_tokens
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="scripted", messages=[], max_tokens=2)
