@@ -29,6 +29,7 @@ class Case:
     body: Any  # a JSON value to send, or bytes sent as they are
     content_type: str = "application/json"
     deviation: str | None = None  # a key of deviations.DEVIATIONS
+    path: str = "/v1/completions"  # the route the body is POSTed to
 
     @property
     def stream(self) -> bool:
