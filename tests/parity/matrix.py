@@ -298,4 +298,10 @@ def _cases() -> list[Case]:
     return c
 
 
-MATRIX: tuple[Case, ...] = tuple(_cases())
+def _all_cases() -> tuple[Case, ...]:
+    from tests.parity.chat_matrix import chat_cases  # it builds on Case and the constants above
+
+    return tuple(_cases() + chat_cases())
+
+
+MATRIX: tuple[Case, ...] = _all_cases()
