@@ -191,6 +191,11 @@ def _parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     )
     k.add_argument("--metrics-public", action="store_true", help="with API keys: leave GET /metrics open")
     k.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="let a chat request bring its own chat_template (jinja, rendered sandboxed), as vLLM's flag",
+    )
+    k.add_argument(
         "--allowed-origins",
         action="append",
         default=[],
@@ -475,6 +480,7 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
         request_timeout=args.request_timeout,
         api_keys=api_keys(args, os.environ if env is None else env),
         metrics_public=args.metrics_public,
+        trust_request_chat_template=args.trust_request_chat_template,
         allowed_origins=args.allowed_origins,
         access_log=args.access_log,
         forwarded_allow_ips=args.forwarded_allow_ips,

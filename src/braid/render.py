@@ -40,6 +40,8 @@ class ChoiceChunk:
     prompt_logprobs: tuple[dict[str, dict[str, object]] | None, ...] | None
     completion_tokens: int
     """The choice's completion tokens so far (for continuous usage)."""
+    chat_logprobs: tuple[dict[str, object], ...] | None = None
+    """Chat's logprobs entries (``{token, logprob, bytes, top_logprobs}``), instead of ``logprobs``."""
 
 
 @attrs.define
@@ -90,6 +92,58 @@ def render_logprobs(
     return LogprobsFragment(tuple(offsets), tuple(token_lps), tuple(tokens), tuple(tops))
 
 
+def _chat_entry(token: str, logprob: float, decoded: str | None) -> dict[str, object]:
+    return {
+        "token": token,
+        "logprob": max(logprob, _FLOOR),
+        "bytes": None if decoded is None else list(decoded.encode("utf-8", errors="replace")),
+    }
+
+
+def render_chat_logprobs(
+    token_ids: Sequence[int],
+    steps: Sequence[TopLogprobs | None],
+    *,
+    top: int,
+    tokenizer: Tokenizer,
+    as_ids: bool,
+) -> tuple[dict[str, object], ...]:
+    """Chat's logprobs ``content`` entries for ``token_ids``, as vLLM's chat server writes them:
+    ``top_logprobs`` lists the first ``top`` entries of the position's dict (all for -1), which
+    holds the sampled token first."""
+    out: list[dict[str, object]] = []
+    for j, t in enumerate(token_ids):
+        d = steps[j] if j < len(steps) else None
+        if d is None or t not in d:
+            text = f"token_id:{t}" if as_ids else tokenizer.decode([t], skip_special_tokens=False)
+            out.append(
+                {
+                    "token": text,
+                    "logprob": _FLOOR,
+                    "bytes": list(text.encode("utf-8", errors="replace")),
+                    "top_logprobs": [],
+                }
+            )
+            continue
+        lp = d[t]
+        entry = _chat_entry(f"token_id:{t}" if as_ids else lp.decoded_token, lp.logprob, lp.decoded_token)
+        alts = []
+        for rank, (tok, alt) in enumerate(d.items()):
+            if top != -1 and rank >= top:
+                break
+            name = f"token_id:{tok}" if as_ids else alt.decoded_token
+            alts.append(
+                {
+                    "token": name,
+                    "logprob": max(alt.logprob, _FLOOR),
+                    "bytes": list(name.encode("utf-8", errors="replace")),
+                }
+            )
+        entry["top_logprobs"] = alts
+        out.append(entry)
+    return tuple(out)
+
+
 def render_prompt_logprobs(
     steps: Sequence[TopLogprobs | None],
 ) -> tuple[dict[str, dict[str, object]] | None, ...]:
@@ -111,6 +165,8 @@ class ChoiceRenderer:
 
     plan: Plan
     tokenizer: Tokenizer
+    chat_top: int | None = None
+    """Chat: logprobs in chat's shape, this many alternatives per token (None: completions')."""
     _choices: list[_ChoiceState] = attrs.field(init=False)
     _prompt_steps: list[tuple[TopLogprobs | None, ...] | None] = attrs.field(init=False)
     _cached: dict[int, int] = attrs.field(init=False, factory=dict)  # by prompt: its first report
@@ -172,7 +228,12 @@ class ChoiceRenderer:
                 continue  # nothing to show yet (vLLM skips such deltas too)
             state.started = True
             logprobs = None
-            if plan.logprobs is not None:
+            chat_logprobs = None
+            if plan.logprobs is not None and self.chat_top is not None:
+                chat_logprobs = render_chat_logprobs(
+                    ids, steps, top=self.chat_top, tokenizer=self.tokenizer, as_ids=plan.tokens_as_ids
+                )
+            elif plan.logprobs is not None:
                 logprobs = render_logprobs(
                     ids,
                     steps,
@@ -202,6 +263,7 @@ class ChoiceRenderer:
                     else None,
                     prompt_logprobs=prompt_lps,
                     completion_tokens=state.tokens,
+                    chat_logprobs=chat_logprobs,
                 )
             )
         return chunks

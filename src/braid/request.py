@@ -180,9 +180,11 @@ def _schema(message: str, param: str | None = None) -> SchemaError:
     return SchemaError(message, param=param)
 
 
-def decode_body(body: bytes) -> CompletionBody:
+def decode_body(body: bytes, decoder: msgspec.json.Decoder[Any] = _DECODER) -> Any:
+    """The body as ``decoder``'s Struct (a :class:`CompletionBody` by default), or a
+    :class:`~braid.errors.SchemaError` naming the field as vLLM's pydantic layer does."""
     try:
-        return _DECODER.decode(body)
+        return decoder.decode(body)
     except msgspec.ValidationError as exc:
         text = str(exc)
         m = _PATH.search(text)
@@ -499,7 +501,12 @@ def parse_request(body: bytes, limits: Limits) -> CompletionRequest:
     """Decode and validate a request body; raises :class:`~braid.errors.InvalidRequest` (a 400)."""
     b = decode_body(body)
     _check_fields(b, limits)
-    prompts = parse_prompts(b.prompt, limits)
+    return build_request(b, parse_prompts(b.prompt, limits), limits)
+
+
+def build_request(b: CompletionBody, prompts: tuple[Prompt, ...], limits: Limits) -> CompletionRequest:
+    """The request for a body whose fields passed ``_check_fields``, with its prompts already
+    parsed (chat's are rendered from its messages: :mod:`braid.chat_request`)."""
     if len(prompts) * b.n > limits.max_choices:
         raise _bad(
             f"{len(prompts)} prompts x n={b.n} is {len(prompts) * b.n} choices, more than the maximum of {limits.max_choices}.",

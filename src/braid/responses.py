@@ -104,6 +104,90 @@ class CompletionChunk(_Strict):
     """On every event with ``continuous_usage_stats``, else on the last one only or not at all."""
 
 
+class ChatTopLogprob(_Strict):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatLogprobEntry(_Strict):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[ChatTopLogprob]
+
+
+class ChatLogprobs(_Strict):
+    content: list[ChatLogprobEntry]
+
+
+class ChatMessage(_Strict):
+    role: str
+    content: str
+    refusal: None
+    annotations: None
+    audio: None
+    function_call: None
+    tool_calls: list[Any]
+    reasoning: None
+
+
+class ChatChoice(_Strict):
+    index: int
+    message: ChatMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: str
+    stop_reason: str | int | None
+    token_ids: list[int] | None
+    routed_experts: None
+
+
+class ChatCompletion(_Strict):
+    """A non-streamed ``/v1/chat/completions`` (or batch) answer."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    service_tier: None
+    system_fingerprint: None
+    usage: Usage
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None
+    prompt_token_ids: list[int] | None
+    prompt_text: None
+    kv_transfer_params: None
+    ec_transfer_params: None
+    metrics: None
+
+
+class ChatDelta(_Strict):
+    content: str
+    role: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class ChatChunkChoice(_Strict):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None
+    finish_reason: str | None
+    token_ids: list[int] | None | msgspec.UnsetType = msgspec.UNSET
+    stop_reason: str | int | None | msgspec.UnsetType = msgspec.UNSET
+
+
+class ChatChunk(_Strict):
+    """One event of a chat stream: a role chunk, a content chunk, or the usage chunk (no choices)."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | msgspec.UnsetType = msgspec.UNSET
+    prompt_token_ids: list[int] | None | msgspec.UnsetType = msgspec.UNSET
+    prompt_text: None | msgspec.UnsetType = msgspec.UNSET
+
+
 class ErrorDetail(_Strict):
     message: str
     type: str
@@ -141,6 +225,15 @@ class Version(_Strict):
 
 
 __all__ = [
+    "ChatChoice",
+    "ChatChunk",
+    "ChatChunkChoice",
+    "ChatCompletion",
+    "ChatDelta",
+    "ChatLogprobEntry",
+    "ChatLogprobs",
+    "ChatMessage",
+    "ChatTopLogprob",
     "Completion",
     "CompletionChoice",
     "CompletionChunk",

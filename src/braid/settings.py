@@ -74,6 +74,8 @@ class Settings:
     """Bearer keys; when set, every request but GET /health needs one (braid.http.auth)."""
     metrics_public: bool = False
     """With api_keys: GET /metrics is open too."""
+    trust_request_chat_template: bool = False
+    """A chat request may bring its own ``chat_template`` (jinja, rendered sandboxed): vLLM's flag."""
     allowed_origins: tuple[str, ...] = attrs.field(default=(), converter=_strings)
     """CORS origins (or "*"); empty: no CORS headers at all (braid.http.cors)."""
     access_log: bool = False

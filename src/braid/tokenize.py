@@ -1,5 +1,8 @@
 """Tokenize: a request's text prompts -> token ids, on a worker thread when there is much text.
 
+Chat conversations are rendered to their prompt texts here too (:func:`render_conversations`),
+by the same rule.
+
 Tokenizing runs before the plan (:mod:`braid.plan`), in the request's own task. Inline it blocks
 the Trio thread, and with it every other stream of the server: a batch of many long prompts takes
 long enough that every running stream visibly stalls (docs/performance.md, round 4). So:
@@ -21,6 +24,8 @@ from collections.abc import Mapping
 
 import trio
 
+from braid.chat import render
+from braid.chat_request import ChatRequest
 from braid.engine.base import Tokenizer
 from braid.request import CompletionRequest, TextPrompt
 
@@ -56,4 +61,27 @@ async def encode_prompts(
     return {i: tuple(one) for i, one in zip(texts, ids, strict=True)}
 
 
-__all__ = ["INLINE_CHARS", "encode_prompts", "text_prompts"]
+async def render_conversations(
+    req: ChatRequest,
+    tokenizer: Tokenizer,
+    limiter: trio.CapacityLimiter,
+    *,
+    inline_chars: int = INLINE_CHARS,
+) -> tuple[str, ...]:
+    """Every conversation rendered by the chat template (:func:`braid.chat.render`), in order:
+    inline for little text, on the worker thread for a batch with much (the template is jinja,
+    run in Python: as slow per character as tokenizing is fast). Cancellation as for
+    :func:`encode_prompts`."""
+    size = sum(len(m.content or "") for c in req.conversations for m in c)
+
+    def render_all() -> tuple[str, ...]:
+        return tuple(render(tokenizer, c, req.template) for c in req.conversations)
+
+    if size <= inline_chars:
+        return render_all()
+    texts = await trio.to_thread.run_sync(render_all, limiter=limiter)
+    await trio.lowlevel.checkpoint_if_cancelled()
+    return texts
+
+
+__all__ = ["INLINE_CHARS", "encode_prompts", "render_conversations", "text_prompts"]

@@ -15,6 +15,12 @@ from tests.helpers import LiveServer, start_server
 
 KEYS = ("key-one", "key-two")
 BODY = json.dumps({"prompt": "Hi", "max_tokens": 2}).encode()
+_CHAT = [{"role": "user", "content": "Hi"}]
+BODIES = {
+    "/v1/completions": BODY,
+    "/v1/chat/completions": json.dumps({"messages": _CHAT, "max_tokens": 2}).encode(),
+    "/v1/chat/completions/batch": json.dumps({"messages": [_CHAT, _CHAT], "max_tokens": 2}).encode(),
+}
 
 
 async def raw(server: LiveServer, head: str, body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
@@ -57,6 +63,8 @@ def bearer(key: str) -> dict[str, str]:
 
 ROUTES = [
     ("POST", "/v1/completions"),
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/chat/completions/batch"),
     ("GET", "/v1/models"),
     ("GET", "/version"),
     ("GET", "/metrics"),
@@ -80,14 +88,14 @@ async def test_every_route_needs_a_right_key(guarded: LiveServer, method: str, p
             {"Authorization": "Basic a2V5LW9uZQ=="},
             {"Authorization": "Token key-one"},
         ):
-            r = await c.request(method, path, headers=headers, content=BODY if method == "POST" else None)
+            r = await c.request(method, path, headers=headers, content=BODIES[path] if method == "POST" else None)
             assert_unauthorized(r.status_code, {k.lower(): v for k, v in r.headers.items()}, r.content)
         for key in KEYS:
             r = await c.request(
                 method,
                 path,
                 headers={**bearer(key), "Content-Type": "application/json"},
-                content=BODY if method == "POST" else None,
+                content=BODIES[path] if method == "POST" else None,
             )
             assert r.status_code == 200, r.text
         # the scheme is case-insensitive (RFC 9110), the key is not
@@ -95,10 +103,10 @@ async def test_every_route_needs_a_right_key(guarded: LiveServer, method: str, p
             method,
             path,
             headers={"Authorization": "bearer key-two", "Content-Type": "application/json"},
-            content=BODY if method == "POST" else None,
+            content=BODIES[path] if method == "POST" else None,
         )
         assert r.status_code == 200
-        r = await c.request(method, path, headers=bearer("KEY-TWO"), content=BODY if method == "POST" else None)
+        r = await c.request(method, path, headers=bearer("KEY-TWO"), content=BODIES[path] if method == "POST" else None)
         assert r.status_code == 401
 
 

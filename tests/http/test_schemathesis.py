@@ -157,7 +157,8 @@ def test_every_route_conforms_to_the_document(keys: bool) -> None:
         assert run.stop_reason == "completed", f"the run stopped early ({run.stop_reason}) after {elapsed:.1f} s"
         operations = {f"{method.upper()} {path}" for path, item in document["paths"].items() for method in item}
         assert run.tested == dict.fromkeys(("examples", "coverage", "fuzzing"), operations) | {
-            "examples": {"POST /v1/completions"}  # the only operation with examples
+            # the operations with examples
+            "examples": {"POST /v1/completions", "POST /v1/chat/completions", "POST /v1/chat/completions/batch"}
         }
         assert server.live.engine.finished_total > 0, "no request reached the engine"
         # The client has every answer; a run may still be closing on the server's side.

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 
@@ -160,6 +160,19 @@ class Tokenizer(Protocol):
 
     def token_text(self, token_id: int) -> str:
         """The text of one token as logprobs show it (special tokens included)."""
+        ...
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+        chat_template: str | None,
+        template_kwargs: Mapping[str, Any],
+    ) -> str:
+        """The conversation as the model's chat template renders it (a text, not token ids).
+        Raises :class:`~braid.errors.InvalidRequest` when the model has no template and none is given."""
         ...
 
 

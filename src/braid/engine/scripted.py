@@ -47,8 +47,9 @@ import hashlib
 import math
 import re
 import struct
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 import attrs
 import trio
@@ -100,6 +101,24 @@ class ByteTokenizer:
         if token_id < _OFFSET:
             return _SPECIAL[token_id]
         return bytes([token_id - _OFFSET]).decode("utf-8", errors="replace")
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+        chat_template: str | None,
+        template_kwargs: Mapping[str, Any],
+    ) -> str:
+        """The tiny model's format (``braid.models.tiny.CHAT_TEMPLATE``) in Python; a request's
+        own template is refused (there is no jinja here)."""
+        if chat_template is not None:
+            raise EngineRejected("The scripted engine renders its own chat format only.", param="chat_template")
+        text = "".join(f"<|{m['role']}|>\n{m['content']}</s>\n" for m in messages)
+        if continue_final_message:
+            return text[: -len("</s>\n")]
+        return text + "<|assistant|>\n" if add_generation_prompt else text
 
 
 _TOKENIZER = ByteTokenizer()

@@ -17,7 +17,7 @@ import attrs
 import trio
 
 from braid.engine.base import ChoiceDelta, EngineOutput, EngineRequest, Logprob, SamplingParams, TopLogprobs
-from braid.errors import BraidError, EngineError, EngineRejected, EngineUnavailable
+from braid.errors import BraidError, EngineError, EngineRejected, EngineUnavailable, InvalidRequest
 
 # What vLLM needs on a CPU machine. tools/servers.py gives vLLM's
 # own server the same, so the parity tier and the benchmarks compare like with like.
@@ -136,6 +136,41 @@ class HfTokenizer:
 
     def token_text(self, token_id: int) -> str:
         return self._tok.decode([token_id])
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+        chat_template: str | None,
+        template_kwargs: Mapping[str, Any],
+    ) -> str:
+        template = chat_template or getattr(self._tok, "chat_template", None)
+        if not template:
+            raise InvalidRequest(NO_CHAT_TEMPLATE)
+        # transformers renders in a sandboxed jinja environment, as vLLM's server does.
+        kwargs = {k: v for k, v in template_kwargs.items() if k not in _TEMPLATE_OWN}
+        return str(
+            self._tok.apply_chat_template(
+                messages,
+                chat_template=template,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tokenize=False,
+                **kwargs,
+            )
+        )
+
+
+NO_CHAT_TEMPLATE = (
+    "This model has no chat template: chat requests need one (the tokenizer's chat_template, "
+    "or a request's chat_template where the server allows it)."
+)
+# Arguments of apply_chat_template itself, which chat_template_kwargs may not override.
+_TEMPLATE_OWN = frozenset(
+    {"conversation", "messages", "chat_template", "tokenize", "add_generation_prompt", "continue_final_message"}
+)
 
 
 def _top(d: Mapping[int, Any] | None) -> TopLogprobs | None:

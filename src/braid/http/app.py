@@ -28,6 +28,7 @@ from braid.encode import error_body
 from braid.engine.base import Engine
 from braid.errors import BraidError, error_payload
 from braid.http import access_log, auth, cors, counting, forwarded, limits, openapi, view
+from braid.http.body import CompletionStream
 from braid.http.view import AppState, JsonResponse
 from braid.metrics import Metrics
 from braid.settings import Settings
@@ -61,12 +62,45 @@ class BraidApp(QuartTrio):
         return self.extensions["braid"]
 
 
-ROUTES = frozenset({"/v1/completions", "/v1/models", "/health", "/version", "/metrics", "/openapi.json"})
+ROUTES = frozenset(
+    {
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/chat/completions/batch",
+        "/v1/models",
+        "/health",
+        "/version",
+        "/metrics",
+        "/openapi.json",
+    }
+)
 """The app's routes, the values of the ``route`` label of ``braid_http_responses_total``."""
 
 
 def _json(body: bytes, status: int = 200, headers: tuple[tuple[str, str], ...] = ()) -> Response:
     return Response(body, status=status, mimetype="application/json", headers=dict(headers))
+
+
+def _answer(result: JsonResponse | CompletionStream, client_id: str | None) -> Response:
+    """A view's answer as a quart response. X-Request-Id on every answer: the client's own, else
+    the response's id (for a log line that a client's report can be matched to)."""
+    if isinstance(result, JsonResponse):
+        headers = result.headers
+        if not any(name == "X-Request-Id" for name, _ in headers) and client_id is not None:
+            headers = (*headers, ("X-Request-Id", client_id))
+        return _json(result.body, result.status, headers)
+    response = Response(
+        result,
+        status=200,
+        mimetype="text/event-stream",
+        headers={
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+            "X-Request-Id": client_id or result.response_id,
+        },
+    )
+    response.timeout = None  # quart's 60 s RESPONSE_TIMEOUT would cut long streams
+    return response
 
 
 def create_app(engine: Engine, settings: Settings | None = None, metrics: Metrics | None = None) -> BraidApp:
@@ -118,25 +152,25 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
             content_type=request.headers.get("Content-Type"),
             request_id=client_id,
         )
-        # X-Request-Id on every answer: the client's own, else the response's id (for a log line
-        # that a client's report can be matched to).
-        if isinstance(result, JsonResponse):
-            headers = result.headers
-            if not any(name == "X-Request-Id" for name, _ in headers) and client_id is not None:
-                headers = (*headers, ("X-Request-Id", client_id))
-            return _json(result.body, result.status, headers)
-        response = Response(
-            result,
-            status=200,
-            mimetype="text/event-stream",
-            headers={
-                "Cache-Control": "no-cache",
-                "X-Accel-Buffering": "no",
-                "X-Request-Id": client_id or result.response_id,
-            },
+        return _answer(result, client_id)
+
+    async def chat(batch: bool) -> Response:
+        async def read_body() -> bytes:
+            return await limits.read_body(request, settings)
+
+        client_id = request.headers.get("X-Request-Id")
+        result = await view.chat_completions(
+            state, read_body, content_type=request.headers.get("Content-Type"), request_id=client_id, batch=batch
         )
-        response.timeout = None  # quart's 60 s RESPONSE_TIMEOUT would cut long streams
-        return response
+        return _answer(result, client_id)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions() -> Response:
+        return await chat(batch=False)
+
+    @app.post("/v1/chat/completions/batch")
+    async def chat_completions_batch() -> Response:
+        return await chat(batch=True)
 
     @app.get("/v1/models")
     async def models() -> Response:

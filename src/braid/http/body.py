@@ -20,6 +20,7 @@ from types import TracebackType
 import trio
 from quart.wrappers.response import ResponseBody
 
+from braid.chat_merge import ChatStreamMerger
 from braid.encode import HEARTBEAT
 from braid.errors import BraidError
 from braid.heartbeat import TICK
@@ -31,7 +32,7 @@ GATHER_ROUNDS = 4
 
 
 class CompletionStream(ResponseBody):
-    def __init__(self, run: CompletionRun, merger: StreamMerger) -> None:
+    def __init__(self, run: CompletionRun, merger: StreamMerger | ChatStreamMerger) -> None:
         assert run.heartbeat is not None, "a stream's run has a heartbeat (a streaming plan)"
         self._run = run
         self._merger = merger

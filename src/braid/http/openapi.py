@@ -26,6 +26,7 @@ import attrs
 import msgspec
 
 from braid import errors, responses
+from braid.chat_request import ChatBody
 from braid.request import CompletionBody
 from braid.settings import Settings
 
@@ -81,12 +82,12 @@ def _errors(*classes: type[errors.BraidError]) -> tuple[_Outcome, ...]:
     )
 
 
-def _sse_event() -> JsonSchema:
-    """One event of a completion stream: a chunk, or an error (the last before ``[DONE]``)."""
+def _sse_event(chunk: type[msgspec.Struct] = responses.CompletionChunk) -> JsonSchema:
+    """One event of a stream: a chunk, or an error (the last before ``[DONE]``)."""
     json_data = {
         "type": "string",
         "contentMediaType": "application/json",
-        "contentSchema": {"anyOf": [_ref(responses.CompletionChunk), _ref(responses.Error)]},
+        "contentSchema": {"anyOf": [_ref(chunk), _ref(responses.Error)]},
     }
     return {
         "type": "object",
@@ -126,7 +127,66 @@ def _operations() -> tuple[_Operation, ...]:
         ("X-Request-Id",),
     )
     json_ok = {"schema": {"type": "object"}}
+    chat = _Outcome(
+        200,
+        "The chat completion; with `stream`, server-sent events ending with `data: [DONE]`.",
+        {
+            "application/json": {"schema": _ref(responses.ChatCompletion)},
+            "text/event-stream": {"itemSchema": _sse_event(responses.ChatChunk)},
+        },
+        ("X-Request-Id",),
+    )
+    generation_errors = _errors(
+        errors.InvalidRequest,
+        errors.SchemaError,
+        errors.ModelNotFound,
+        errors.DeadlineExceeded,
+        errors.BodyTimeout,
+        errors.BodyTooLarge,
+        errors.TooManyRequests,
+        errors.EngineError,
+        errors.EngineUnavailable,
+    )
+    request_id = {
+        "name": "X-Request-Id",
+        "in": "header",
+        "required": False,
+        "description": "The response's id (and the engine requests' ids) instead of a random one.",
+        "schema": {"type": "string"},
+    }
+    chat_ops = tuple(
+        _Operation(
+            "post",
+            path,
+            summary,
+            (chat, *generation_errors),
+            request={
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": _ref(ChatBody),
+                        "examples": {"example": {"value": example}},
+                    }
+                },
+            },
+            parameters=(request_id,),
+        )
+        for path, summary, example in (
+            (
+                "/v1/chat/completions",
+                "Create a chat completion (one conversation in `messages`), as vLLM serves it",
+                {"messages": [{"role": "user", "content": "Say this is a test"}], "max_tokens": 16},
+            ),
+            (
+                "/v1/chat/completions/batch",
+                "Chat completions for a list of conversations (`messages`: a list of message lists); "
+                "braid also streams them and takes `n` > 1",
+                {"messages": [[{"role": "user", "content": "Hi"}], [{"role": "user", "content": "Bye"}]]},
+            ),
+        )
+    )
     return (
+        *chat_ops,
         _Operation(
             "post",
             "/v1/completions",
@@ -207,6 +267,9 @@ def _operations() -> tuple[_Operation, ...]:
 def _components() -> dict[str, JsonSchema]:
     structs: Sequence[type[msgspec.Struct]] = (
         CompletionBody,
+        ChatBody,
+        responses.ChatCompletion,
+        responses.ChatChunk,
         responses.Completion,
         responses.CompletionChunk,
         responses.Error,
@@ -219,6 +282,9 @@ def _components() -> dict[str, JsonSchema]:
     body = schemas[CompletionBody.__name__]
     body["required"] = ["prompt"]
     del body["properties"]["prompt"]["default"]
+    chat = schemas[ChatBody.__name__]
+    chat["required"] = ["messages"]
+    del chat["properties"]["messages"]["default"]
     return schemas
 
 

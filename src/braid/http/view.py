@@ -23,7 +23,10 @@ from typing import cast
 import attrs
 import trio
 
-from braid.admit import Admission, admission_for
+from braid.admit import Admission, Ticket, admission_for
+from braid.chat import echo_text, response_role
+from braid.chat_merge import ChatResponseCollector, ChatShape, ChatStreamMerger
+from braid.chat_request import parse_chat
 from braid.encode import error_body
 from braid.engine.base import Engine
 from braid.errors import (
@@ -37,11 +40,11 @@ from braid.errors import (
 from braid.http.body import CompletionStream
 from braid.merge import ResponseCollector, StreamMerger
 from braid.metrics import Metrics
-from braid.plan import check_limits, make_plan
-from braid.request import Limits, parse_request
+from braid.plan import Plan, check_limits, make_plan
+from braid.request import CompletionRequest, Limits, TextPrompt, build_request, parse_request
 from braid.run import Arrival, CompletionRun
 from braid.settings import Settings
-from braid.tokenize import encode_prompts
+from braid.tokenize import encode_prompts, render_conversations
 
 DRAINING_RETRY_AFTER = 5
 """Seconds a client of a draining server is told to wait: behind a proxy its retry reaches a
@@ -138,13 +141,80 @@ async def completions(
 async def _completions(
     state: AppState, read_body: Callable[[], Awaitable[bytes]], content_type: str | None, request_id: str | None
 ) -> JsonResponse | CompletionStream:
-    engine, settings = state.engine, state.settings
-    timeout = settings.request_timeout
+    ticket, deadline = _admit(state, content_type, request_id)
+    try:
+        req = parse_request(await read_body(), state.limits)
+        plan = await _plan(state, req, request_id, deadline, "cmpl")
+    except BaseException:
+        ticket.close()
+        raise
+    tokenizer = state.engine.tokenizer
+    if plan.stream:
+        return _stream(state, plan, ticket, deadline, StreamMerger(plan, tokenizer))
+    return await _collect(state, plan, ticket, deadline, request_id, ResponseCollector(plan, tokenizer))
+
+
+async def chat_completions(
+    state: AppState,
+    read_body: Callable[[], Awaitable[bytes]],
+    *,
+    content_type: str | None,
+    request_id: str | None,
+    batch: bool,
+) -> JsonResponse | CompletionStream:
+    """Answer one chat request (``batch``: the batch route, a list of conversations), as
+    :func:`completions` answers its requests: the same admission, plan, run and errors; only
+    the prompts (rendered from messages by the model's chat template) and the response's shape
+    (:mod:`braid.chat_merge`) differ."""
+    try:
+        return await _chat(state, read_body, content_type, request_id, batch)
+    except BraidError as err:
+        return _error(err)
+
+
+async def _chat(
+    state: AppState,
+    read_body: Callable[[], Awaitable[bytes]],
+    content_type: str | None,
+    request_id: str | None,
+    batch: bool,
+) -> JsonResponse | CompletionStream:
+    ticket, deadline = _admit(state, content_type, request_id)
+    try:
+        chat = parse_chat(
+            await read_body(),
+            state.limits,
+            max_model_len=state.engine.info.max_model_len,
+            batch=batch,
+            trust_template=state.settings.trust_request_chat_template,
+        )
+        with trio.move_on_at(deadline):
+            texts = await render_conversations(chat, state.engine.tokenizer, state.tokenize_limiter)
+        _check_deadline(deadline, state.settings.request_timeout)
+        req = build_request(chat.body, tuple(TextPrompt(t) for t in texts), state.limits)
+        plan = await _plan(state, req, request_id, deadline, "chatcmpl")
+        roles = tuple(response_role(c, chat.template) for c in chat.conversations)
+        shape = ChatShape(
+            roles=roles,
+            echo=tuple(echo_text(c, r) if chat.echo else "" for c, r in zip(chat.conversations, roles, strict=True)),
+            top_logprobs=chat.top_logprobs if chat.logprobs else None,
+        )
+    except BaseException:
+        ticket.close()
+        raise
+    tokenizer = state.engine.tokenizer
+    if plan.stream:
+        return _stream(state, plan, ticket, deadline, ChatStreamMerger(plan, tokenizer, shape))
+    return await _collect(state, plan, ticket, deadline, request_id, ChatResponseCollector(plan, tokenizer, shape))
+
+
+def _admit(state: AppState, content_type: str | None, request_id: str | None) -> tuple[Ticket, float]:
+    """The checks that need no body, then admission: the request's ticket and its deadline."""
+    timeout = state.settings.request_timeout
     deadline = trio.current_time() + timeout if timeout is not None else math.inf
-    info = engine.info
     if (content_type or "").partition(";")[0].strip().lower() != "application/json":
         raise SchemaError("Unsupported Media Type: Only 'application/json' is allowed")
-    if state.draining or not engine.healthy:
+    if state.draining or not state.engine.healthy:
         raise EngineUnavailable(
             "The server is shutting down." if state.draining else "The engine is not running.",
             retry_after=DRAINING_RETRY_AFTER if state.draining else DEAD_ENGINE_RETRY_AFTER,
@@ -157,47 +227,69 @@ async def _completions(
     try:
         # Before the body is read or tokenized: a refused request costs nothing (vLLM counts its
         # queue only after rendering the prompts).
-        ticket = state.admission.admit()
+        return state.admission.admit(), deadline
     except BraidError:
         state.metrics.rejected.inc()
         raise
-    try:
-        req = parse_request(await read_body(), state.limits)
-        if req.model is not None and req.model != info.name:
-            raise ModelNotFound(f"The model `{req.model}` does not exist.", param="model")
-        state.admission.check_cost(req.sampling.n)
-        rid = request_id or req.request_id
-        # The response id may be the client's own; the engine's ids must be unique, because a
-        # batch abort names the requests to drop by them (two clients may send the same id).
-        unique = state.new_id()
-        check_limits(req, info, engine.tokenizer)  # before tokenizing: an over-long text costs nothing
-        with trio.move_on_at(deadline):
-            encoded = await encode_prompts(req, engine.tokenizer, state.tokenize_limiter)
-        if trio.current_time() >= deadline:
-            raise DeadlineExceeded(f"The request did not finish within its {timeout:g} s timeout.")
-        plan = make_plan(
-            req,
-            info,
-            engine.tokenizer,
-            request_id=f"cmpl-{rid or unique}",
-            created=int(state.now()),
-            engine_request_id=f"cmpl-{rid}-{unique[:8]}" if rid else None,
-            encoded=encoded,
-            cached_tokens=settings.prompt_tokens_details,
-        )
-    except BaseException:
-        ticket.close()
-        raise
+
+
+def _check_deadline(deadline: float, timeout: float | None) -> None:
+    if trio.current_time() >= deadline:
+        raise DeadlineExceeded(f"The request did not finish within its {timeout:g} s timeout.")
+
+
+async def _plan(state: AppState, req: CompletionRequest, request_id: str | None, deadline: float, prefix: str) -> Plan:
+    """Tokenize and plan a validated request (ids ``{prefix}-...``), within its deadline."""
+    engine, settings, info = state.engine, state.settings, state.engine.info
+    if req.model is not None and req.model != info.name:
+        raise ModelNotFound(f"The model `{req.model}` does not exist.", param="model")
+    state.admission.check_cost(req.sampling.n)
+    rid = request_id or req.request_id
+    # The response id may be the client's own; the engine's ids must be unique, because a
+    # batch abort names the requests to drop by them (two clients may send the same id).
+    unique = state.new_id()
+    check_limits(req, info, engine.tokenizer)  # before tokenizing: an over-long text costs nothing
+    with trio.move_on_at(deadline):
+        encoded = await encode_prompts(req, engine.tokenizer, state.tokenize_limiter)
+    _check_deadline(deadline, settings.request_timeout)
+    return make_plan(
+        req,
+        info,
+        engine.tokenizer,
+        request_id=f"{prefix}-{rid or unique}",
+        created=int(state.now()),
+        engine_request_id=f"{prefix}-{rid}-{unique[:8]}" if rid else None,
+        encoded=encoded,
+        cached_tokens=settings.prompt_tokens_details,
+    )
+
+
+def _run(state: AppState, plan: Plan, ticket: Ticket, deadline: float) -> CompletionRun:
     state.metrics.prompts.observe(len(plan.items))
-    run = CompletionRun(engine, plan, state.metrics, settings, ticket=ticket, deadline=deadline, live=state.runs)
-    if plan.stream:
-        stream = CompletionStream(run, StreamMerger(plan, engine.tokenizer))
-        # The run closes the ticket when it ends; a stream that is never started (its client
-        # went away before quart sent it) must not keep its place in the queue.
-        weakref.finalize(stream, ticket.close)
-        return stream
-    collector = ResponseCollector(plan, engine.tokenizer)
-    async with run:
+    return CompletionRun(
+        state.engine, plan, state.metrics, state.settings, ticket=ticket, deadline=deadline, live=state.runs
+    )
+
+
+def _stream(
+    state: AppState, plan: Plan, ticket: Ticket, deadline: float, merger: StreamMerger | ChatStreamMerger
+) -> CompletionStream:
+    stream = CompletionStream(_run(state, plan, ticket, deadline), merger)
+    # The run closes the ticket when it ends; a stream that is never started (its client
+    # went away before quart sent it) must not keep its place in the queue.
+    weakref.finalize(stream, ticket.close)
+    return stream
+
+
+async def _collect(
+    state: AppState,
+    plan: Plan,
+    ticket: Ticket,
+    deadline: float,
+    request_id: str | None,
+    collector: ResponseCollector | ChatResponseCollector,
+) -> JsonResponse:
+    async with _run(state, plan, ticket, deadline) as run:
         while True:
             try:
                 # A non-streaming run has no heartbeat, so its batches hold no ticks.
@@ -216,4 +308,4 @@ def error_headers(err: BraidError) -> tuple[tuple[str, str], ...]:
     return (("Retry-After", str(err.retry_after)),) if err.retry_after is not None else ()
 
 
-__all__ = ["AppState", "JsonResponse", "completions", "error_headers"]
+__all__ = ["AppState", "JsonResponse", "chat_completions", "completions", "error_headers"]
