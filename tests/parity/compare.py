@@ -12,6 +12,14 @@ Pure functions over parsed replies, so the comparison itself is unit-tested with
 * for streams, chunk boundaries: vLLM merges deltas when its consumer lags, so a stream is
   compared as its per-index concatenation (text, token ids, logprobs), the ordered finish
   reasons per index, the final usage chunk, the ``[DONE]`` count and the error events.
+
+A chat stream (``chat.completion.chunk``) is summarised the same way, per index: the
+concatenated ``delta.content``, the roles its deltas carried in order and whether the first
+chunk of the index carried one (a missing role chunk, or one after content, is a difference),
+any other delta field in order, the concatenated ``logprobs.content``, the prompt token ids
+(chunk-level in chat), and the union of the keys its choices and deltas carried (a field vLLM
+always sends, even as null, must be there); for the whole stream, the union of chunk-level keys
+and the ``object`` and ``model`` values.
 """
 
 from __future__ import annotations
@@ -72,6 +80,36 @@ def _extend(acc: dict[str, Any], key: str, values: Sequence[Any] | None) -> None
         acc.setdefault(key, []).extend(values)
 
 
+def _new_chat_choice() -> dict[str, Any]:
+    return {
+        "content": "",
+        "roles": [],
+        "first_chunk_has_role": None,
+        "finish_reasons": [],
+        "stop_reasons": [],
+        "choice_keys": set(),
+        "delta_keys": set(),
+    }
+
+
+def _add_chat_choice(acc: dict[str, Any], ch: Mapping[str, Any], ev: Mapping[str, Any]) -> None:
+    """One chat chunk's choice into its index's summary (finish reasons, token ids, logprobs
+    and usage are added by the caller, as for completions)."""
+    delta = ch.get("delta") or {}
+    role = delta.get("role")
+    if acc["first_chunk_has_role"] is None:
+        acc["first_chunk_has_role"] = role is not None
+    if role is not None:
+        acc["roles"].append(role)
+    acc["content"] += delta.get("content") or ""
+    for key, value in delta.items():
+        if key not in ("role", "content") and value is not None:
+            acc.setdefault("delta." + key, []).append(value)
+    acc["choice_keys"].update(ch)
+    acc["delta_keys"].update(delta)
+    _extend(acc, "prompt_token_ids", ev.get("prompt_token_ids"))
+
+
 def summarize_stream(events: Sequence[Any]) -> dict[str, Any]:
     """One comparable value for a whole stream (see the module docstring)."""
     per: dict[int, dict[str, Any]] = {}
@@ -80,6 +118,10 @@ def summarize_stream(events: Sequence[Any]) -> dict[str, Any]:
     done = 0
     after_done = 0
     content_chunks_without_usage = 0
+    chat: bool | None = None  # decided by the first chunk with choices
+    chunk_keys: set[str] = set()
+    objects: set[Any] = set()
+    models: set[Any] = set()
     for ev in events:
         if ev == ":":
             continue
@@ -95,9 +137,19 @@ def summarize_stream(events: Sequence[Any]) -> dict[str, Any]:
         if not choices:
             usage_chunks.append(ev.get("usage"))
             continue
+        if chat is None:
+            chat = any("delta" in ch for ch in choices) or ev.get("object") == "chat.completion.chunk"
+        if chat:
+            chunk_keys.update(k for k in ev if k not in IGNORED_KEYS)
+            objects.add(ev.get("object"))
+            models.add(ev.get("model"))
         for ch in choices:
-            acc = per.setdefault(ch["index"], {"text": "", "finish_reasons": [], "stop_reasons": []})
-            acc["text"] += ch.get("text") or ""
+            if chat:
+                acc = per.setdefault(ch["index"], _new_chat_choice())
+                _add_chat_choice(acc, ch, ev)
+            else:
+                acc = per.setdefault(ch["index"], {"text": "", "finish_reasons": [], "stop_reasons": []})
+                acc["text"] += ch.get("text") or ""
             if ch.get("finish_reason") is not None:
                 acc["finish_reasons"].append(ch["finish_reason"])
                 acc["stop_reasons"].append(ch.get("stop_reason"))
@@ -105,13 +157,24 @@ def summarize_stream(events: Sequence[Any]) -> dict[str, Any]:
             _extend(acc, "prompt_token_ids", ch.get("prompt_token_ids"))
             lp = ch.get("logprobs")
             if lp is not None:
-                for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset", "content"):
                     _extend(acc, "logprobs." + key, lp.get(key))
             if "usage" in ev and ev["usage"] is not None:
                 acc["last_usage"] = ev["usage"]
             else:
                 content_chunks_without_usage += 1
-    return {
+    if chat:
+        for acc in per.values():
+            acc["choice_keys"] = sorted(acc["choice_keys"])
+            acc["delta_keys"] = sorted(acc["delta_keys"])
+    out: dict[str, Any] = {}
+    if chat:
+        out = {
+            "chunk_keys": sorted(chunk_keys),
+            "objects": sorted(map(str, objects)),
+            "models": sorted(map(str, models)),
+        }
+    return out | {
         "choices": {i: per[i] for i in sorted(per)},
         "usage_chunks": usage_chunks,
         "errors": errors,

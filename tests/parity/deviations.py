@@ -21,11 +21,12 @@ View = dict[str, Any]
 class Deviation:
     key: str
     summary: str
-    check: Callable[[Reply, Reply], list[str]]  # (braid, vllm) -> problems; [] = exactly as documented
+    # (braid, vllm, the request body) -> problems; [] = exactly as documented
+    check: Callable[[Reply, Reply, Any], list[str]]
 
 
-def _views(check: Callable[[View, View], list[str]]) -> Callable[[Reply, Reply], list[str]]:
-    return lambda braid, vllm: check(view(braid), view(vllm))
+def _views(check: Callable[[View, View], list[str]]) -> Callable[[Reply, Reply, Any], list[str]]:
+    return lambda braid, vllm, body: check(view(braid), view(vllm))
 
 
 def _strict_types(braid: View, vllm: View) -> list[str]:
@@ -63,6 +64,78 @@ def _unsupported_fields(braid: View, vllm: View) -> list[str]:
     return problems
 
 
+def _batch_choices(body: Any) -> int:
+    return len(body["messages"]) * (body.get("n") or 1)
+
+
+def _vllm_batch_refuses_n(vllm: View, body: Any) -> list[str]:
+    if (body.get("n") or 1) == 1:
+        return []
+    if vllm["status"] != 400 or vllm["error"] != {"type": "BadRequestError", "param": "n", "code": 400}:
+        return [f"vLLM no longer refuses n > 1 on batched chat: {vllm}"]
+    return []
+
+
+def _batch_chat_n(braid: Reply, vllm: Reply, body: Any) -> list[str]:
+    """vLLM refuses ``n > 1`` on /v1/chat/completions/batch; braid answers one chat.completion
+    with conversations x n choices, indexed as completions index a batch (conversation * n + j)."""
+    problems = _vllm_batch_refuses_n(view(vllm), body)
+    if braid.status != 200 or braid.streamed or not isinstance(braid.body, dict):
+        return [*problems, f"braid should answer a chat.completion body, got {view(braid)}"]
+    b = braid.body
+    want = _batch_choices(body)
+    if b.get("object") != "chat.completion" or not str(b.get("id", "")).startswith("chatcmpl-"):
+        problems.append(f"braid's body is not a chat.completion: object {b.get('object')!r}, id {b.get('id')!r}")
+    choices = b.get("choices") or []
+    if [ch.get("index") for ch in choices] != list(range(want)):
+        problems.append(f"braid's choice indexes are {[ch.get('index') for ch in choices]}, not 0..{want - 1}")
+    for ch in choices:
+        msg = ch.get("message") or {}
+        if msg.get("role") != "assistant" or not isinstance(msg.get("content"), str):
+            problems.append(f"choice {ch.get('index')}: message {msg}")
+        if ch.get("finish_reason") not in ("stop", "length"):
+            problems.append(f"choice {ch.get('index')}: finish_reason {ch.get('finish_reason')!r}")
+    usage = b.get("usage") or {}
+    if usage.get("total_tokens") != usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0):
+        problems.append(f"braid's usage does not add up: {usage}")
+    return problems
+
+
+def _batch_chat_stream(braid: Reply, vllm: Reply, body: Any) -> list[str]:
+    """vLLM 0.32 has no ``stream`` field on batched chat: it ignores it and answers a JSON body
+    built from each conversation's last delta only (or refuses ``n > 1`` first); braid streams
+    chat.completion.chunk events, conversations x n indexes, each opened by a role chunk."""
+    v = view(vllm)
+    problems = _vllm_batch_refuses_n(v, body)
+    if (body.get("n") or 1) == 1:
+        vb = vllm.body if isinstance(vllm.body, dict) else {}
+        if vllm.status != 200 or vllm.streamed or vb.get("object") != "chat.completion":
+            problems.append(f"vLLM no longer ignores stream on batched chat: {v}")
+        elif len(vb.get("choices") or []) != len(body["messages"]):
+            problems.append(f"vLLM's ignored-stream body has {len(vb.get('choices') or [])} choices")
+    if braid.status != 200 or not braid.streamed:
+        return [*problems, f"braid should stream, got {view(braid)}"]
+    s = view(braid)["stream"]
+    want = _batch_choices(body)
+    if s.get("objects") != ["chat.completion.chunk"]:
+        problems.append(f"braid's chunks are {s.get('objects')}")
+    if list(s["choices"]) != list(range(want)):
+        problems.append(f"braid streamed indexes {list(s['choices'])}, not 0..{want - 1}")
+    for i, acc in s["choices"].items():
+        if acc.get("roles") != ["assistant"] or not acc.get("first_chunk_has_role"):
+            problems.append(
+                f"index {i}: roles {acc.get('roles')}, first chunk has role {acc.get('first_chunk_has_role')}"
+            )
+        if len(acc["finish_reasons"]) != 1 or acc["finish_reasons"][0] not in ("stop", "length"):
+            problems.append(f"index {i}: finish reasons {acc['finish_reasons']}")
+    if s["errors"] or s["done"] != 1 or s["events_after_done"]:
+        problems.append(f"braid's stream: errors {s['errors']}, [DONE] x{s['done']}, {s['events_after_done']} after it")
+    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    if len(s["usage_chunks"]) != int(include_usage):
+        problems.append(f"braid sent {len(s['usage_chunks'])} usage chunks, include_usage is {include_usage}")
+    return problems
+
+
 DEVIATIONS: dict[str, Deviation] = {
     d.key: d
     for d in (
@@ -80,6 +153,16 @@ DEVIATIONS: dict[str, Deviation] = {
             "unsupported_fields",
             "an output-changing field braid does not implement is refused, not ignored",
             _views(_unsupported_fields),
+        ),
+        Deviation(
+            "batch_chat_n",
+            "/v1/chat/completions/batch takes n > 1 (vLLM refuses it): conversations x n choices",
+            _batch_chat_n,
+        ),
+        Deviation(
+            "batch_chat_stream",
+            "/v1/chat/completions/batch streams (vLLM ignores stream and answers each last delta)",
+            _batch_chat_stream,
         ),
     )
 }

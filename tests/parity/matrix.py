@@ -29,6 +29,7 @@ class Case:
     body: Any  # a JSON value to send, or bytes sent as they are
     content_type: str = "application/json"
     deviation: str | None = None  # a key of deviations.DEVIATIONS
+    path: str = "/v1/completions"  # the route the body is POSTed to
 
     @property
     def stream(self) -> bool:
@@ -297,4 +298,10 @@ def _cases() -> list[Case]:
     return c
 
 
-MATRIX: tuple[Case, ...] = tuple(_cases())
+def _all_cases() -> tuple[Case, ...]:
+    from tests.parity.chat_matrix import chat_cases  # it builds on Case and the constants above
+
+    return tuple(_cases() + chat_cases())
+
+
+MATRIX: tuple[Case, ...] = _all_cases()

@@ -6,6 +6,7 @@ import json
 
 from tests.helpers import parse_sse
 from tests.parity.compare import Reply, diff, make_reply, summarize_stream, view
+from tests.parity.deviations import DEVIATIONS
 
 
 def _chunk(index: int, text: str, finish: str | None = None, **extra: object) -> bytes:
@@ -32,7 +33,7 @@ def test_text_difference_is_reported_with_its_path() -> None:
 
 
 def test_missing_null_field_is_a_difference() -> None:
-    a = {"choices": [], "service_tier": None}
+    a: dict[str, object] = {"choices": [], "service_tier": None}
     assert diff(view(Reply(200, "", a)), view(Reply(200, "", {"choices": []})))
 
 
@@ -99,3 +100,186 @@ def test_non_sse_framing_is_rejected() -> None:
     except ValueError:
         return
     raise AssertionError("multi-line event accepted")
+
+
+# --- chat streams -----------------------------------------------------------------------------
+
+
+def _chat_chunk(
+    index: int,
+    delta: dict[str, object],
+    finish: str | None = None,
+    logprobs: object = None,
+    **extra: object,
+) -> bytes:
+    choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+    if finish is not None:
+        choice["stop_reason"] = None
+    body = {"id": "chatcmpl-a", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [choice]}
+    return b"data: " + json.dumps(body | extra).encode() + b"\n\n"
+
+
+def _role(index: int) -> bytes:
+    return _chat_chunk(index, {"role": "assistant", "content": ""})
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def test_chat_streams_compare_per_index_content_not_chunk_boundaries() -> None:
+    a = _stream(
+        _role(0),
+        _role(1),
+        _chat_chunk(0, {"content": "he"}),
+        _chat_chunk(1, {"content": "x"}),
+        _chat_chunk(0, {"content": "llo"}, "length"),
+        _chat_chunk(1, {"content": "y"}, "stop"),
+        DONE,
+    )
+    b = _stream(
+        _role(1),
+        _chat_chunk(1, {"content": "xy"}, "stop"),
+        _role(0),
+        _chat_chunk(0, {"content": "hello"}, "length"),
+        DONE,
+    )
+    assert diff(view(a), view(b)) == []
+    summary = view(a)["stream"]
+    assert summary["choices"][0]["content"] == "hello" and summary["choices"][1]["roles"] == ["assistant"]
+    c = _stream(
+        _role(1),
+        _chat_chunk(1, {"content": "xz"}, "stop"),
+        _role(0),
+        _chat_chunk(0, {"content": "hello"}, "length"),
+        DONE,
+    )
+    assert any("content" in line for line in diff(view(a), view(c)))
+
+
+def test_chat_stream_missing_role_chunk_is_a_difference() -> None:
+    a = _stream(_role(0), _chat_chunk(0, {"content": "hi"}, "stop"), DONE)
+    b = _stream(_chat_chunk(0, {"content": "hi"}, "stop"), DONE)
+    lines = diff(view(a), view(b))
+    assert any("roles" in line for line in lines) and any("first_chunk_has_role" in line for line in lines)
+
+
+def test_chat_stream_role_chunk_after_content_is_a_difference() -> None:
+    a = _stream(_role(0), _chat_chunk(0, {"content": "hi"}, "stop"), DONE)
+    b = _stream(_chat_chunk(0, {"content": "hi"}), _role(0), _chat_chunk(0, {"content": ""}, "stop"), DONE)
+    assert any("first_chunk_has_role" in line for line in diff(view(a), view(b)))
+
+
+def test_chat_stream_role_value_and_repeats_are_compared() -> None:
+    a = _stream(_role(0), _chat_chunk(0, {"content": "hi"}, "stop"), DONE)
+    user = _stream(_chat_chunk(0, {"role": "user", "content": ""}), _chat_chunk(0, {"content": "hi"}, "stop"), DONE)
+    twice = _stream(_role(0), _role(0), _chat_chunk(0, {"content": "hi"}, "stop"), DONE)
+    assert any("roles" in line for line in diff(view(a), view(user)))
+    assert any("roles" in line for line in diff(view(a), view(twice)))
+
+
+def test_chat_stream_logprobs_content_is_concatenated() -> None:
+    def lp(token: str, value: float) -> dict[str, object]:
+        return {"content": [{"token": token, "logprob": value, "bytes": list(token.encode()), "top_logprobs": []}]}
+
+    a = _stream(
+        _role(0),
+        _chat_chunk(0, {"content": "a"}, logprobs=lp("a", -1.0)),
+        _chat_chunk(0, {"content": "b"}, "length", logprobs=lp("b", -2.0)),
+        DONE,
+    )
+    merged = {"content": lp("a", -1.0)["content"] + lp("b", -2.0)["content"]}  # type: ignore[operator]
+    b = _stream(_role(0), _chat_chunk(0, {"content": "ab"}, "length", logprobs=merged), DONE)
+    assert diff(view(a), view(b)) == []
+    c = _stream(
+        _role(0),
+        _chat_chunk(0, {"content": "a"}, logprobs=lp("a", -1.0)),
+        _chat_chunk(0, {"content": "b"}, "length", logprobs=lp("b", -2.5)),
+        DONE,
+    )
+    assert any("logprobs.content" in line for line in diff(view(a), view(c)))
+
+
+def test_chat_stream_usage_done_errors_and_keys_are_compared() -> None:
+    base = _stream(_role(0), _chat_chunk(0, {"content": "a"}, "stop"), DONE)
+    usage = b'data: {"id":"x","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":1,"total_tokens":2,"completion_tokens":1}}\n\n'
+    with_usage = _stream(_role(0), _chat_chunk(0, {"content": "a"}, "stop"), usage, DONE)
+    assert any("usage_chunks" in line for line in diff(view(base), view(with_usage)))
+    no_done = _stream(_role(0), _chat_chunk(0, {"content": "a"}, "stop"))
+    assert any("done" in line for line in diff(view(base), view(no_done)))
+    err = b'data: {"error": {"message": "m", "type": "BadRequestError", "param": null, "code": 400}}\n\n'
+    with_err = _stream(_role(0), _chat_chunk(0, {"content": "a"}, "stop"), err, DONE)
+    assert any("errors" in line for line in diff(view(base), view(with_err)))
+    # a field vLLM sends as null must be there; a delta field it never sends must not
+    extra_key = _stream(_role(0), _chat_chunk(0, {"content": "a"}, "stop", prompt_token_ids=None), DONE)
+    assert any("chunk_keys" in line for line in diff(view(base), view(extra_key)))
+    reasoning = _stream(_role(0), _chat_chunk(0, {"content": "a", "reasoning": None}, "stop"), DONE)
+    assert any("delta_keys" in line for line in diff(view(base), view(reasoning)))
+    wrong_object = _stream(_role(0), _chat_chunk(0, {"content": "a"}, "stop", object="text_completion"), DONE)
+    assert any("objects" in line for line in diff(view(base), view(wrong_object)))
+
+
+def test_chat_stream_prompt_token_ids_are_per_index() -> None:
+    a = _stream(
+        _chat_chunk(0, {"role": "assistant", "content": ""}, prompt_token_ids=[1, 2]),
+        _chat_chunk(0, {"content": "a"}, "stop", token_ids=[7]),
+        DONE,
+    )
+    assert view(a)["stream"]["choices"][0]["prompt_token_ids"] == [1, 2]
+
+
+def test_chat_bodies_ignore_ids_but_not_content() -> None:
+    def body(content: str, rid: str) -> Reply:
+        msg = {"role": "assistant", "content": content, "tool_calls": [{"id": rid, "type": "function"}]}
+        return Reply(
+            200, "application/json", {"id": rid, "object": "chat.completion", "choices": [{"index": 0, "message": msg}]}
+        )
+
+    assert diff(view(body("a", "chatcmpl-1")), view(body("a", "chatcmpl-2"))) == []
+    assert diff(view(body("a", "chatcmpl-1")), view(body("b", "chatcmpl-1")))
+
+
+# --- the batched-chat deviations ----------------------------------------------------------------
+
+
+def _batch_body(n: int = 1, **extra: object) -> dict[str, object]:
+    return {"messages": [[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]], "n": n} | extra
+
+
+def _chat_completion(indexes: list[int]) -> Reply:
+    choices = [
+        {"index": i, "message": {"role": "assistant", "content": "x"}, "finish_reason": "length"} for i in indexes
+    ]
+    usage = {"prompt_tokens": 4, "completion_tokens": len(indexes), "total_tokens": 4 + len(indexes)}
+    return Reply(
+        200, "application/json", {"id": "chatcmpl-1", "object": "chat.completion", "choices": choices, "usage": usage}
+    )
+
+
+def _refused_n() -> Reply:
+    return Reply(
+        400, "application/json", {"error": {"message": "m", "type": "BadRequestError", "param": "n", "code": 400}}
+    )
+
+
+def test_batch_chat_n_deviation() -> None:
+    check = DEVIATIONS["batch_chat_n"].check
+    assert check(_chat_completion([0, 1, 2, 3]), _refused_n(), _batch_body(n=2)) == []
+    assert check(_chat_completion([0, 1]), _refused_n(), _batch_body(n=2))  # n ignored
+    assert check(_chat_completion([0, 1, 2, 3]), _chat_completion([0, 1, 2, 3]), _batch_body(n=2))  # vLLM took it
+
+
+def test_batch_chat_stream_deviation() -> None:
+    check = DEVIATIONS["batch_chat_stream"].check
+    good = _stream(
+        _role(0), _role(1), _chat_chunk(0, {"content": "a"}, "length"), _chat_chunk(1, {"content": "b"}, "stop"), DONE
+    )
+    assert check(good, _chat_completion([0, 1]), _batch_body(stream=True)) == []
+    no_role = _stream(
+        _role(0), _chat_chunk(0, {"content": "a"}, "length"), _chat_chunk(1, {"content": "b"}, "stop"), DONE
+    )
+    assert check(no_role, _chat_completion([0, 1]), _batch_body(stream=True))
+    assert check(_chat_completion([0, 1]), _chat_completion([0, 1]), _batch_body(stream=True))  # braid did not stream
+    assert check(good, _refused_n(), _batch_body(stream=True))  # vLLM changed: it refuses now
+    four = _stream(*(_role(i) for i in range(4)), *(_chat_chunk(i, {"content": "a"}, "stop") for i in range(4)), DONE)
+    assert check(four, _refused_n(), _batch_body(n=2, stream=True)) == []
+    assert check(good, _refused_n(), _batch_body(n=2, stream=True))  # two choices where four are due

@@ -35,7 +35,7 @@ def test_case(case: Case, vllm_server: object, vllm_reference: ServerProcess, ht
         problems = diff(view(braid), view(vllm))
         outcome = "match" if not problems else "mismatch"
     else:
-        problems = DEVIATIONS[case.deviation].check(braid, vllm)
+        problems = DEVIATIONS[case.deviation].check(braid, vllm, case.body)
         outcome = "deviation" if not problems else "mismatch"
     detail = case.deviation or ""
     if problems:

@@ -1,0 +1,408 @@
+"""The chat cases of the matrix: ``/v1/chat/completions``, ``/v1/chat/completions/batch``,
+``/tokenize`` and ``/detokenize``, sent to braid and vLLM's own server like the completions cases.
+
+The tiny model's chat template (``braid.models.tiny.CHAT_TEMPLATE``) renders each message as
+``<|role|>\\ncontent</s>\\n`` and ``<|assistant|>\\n`` as the generation prompt; it reads no
+template kwargs and ignores ``tools``. Requests are greedy unless a case is about sampling.
+Every chat case name starts with "chat", "batch chat", "tokenize" or "detokenize", so
+``pytest -k "chat or tokenize"`` selects them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.parity.matrix import MODEL, Case
+
+CHAT = "/v1/chat/completions"
+BATCH = "/v1/chat/completions/batch"
+TOKENIZE = "/tokenize"
+DETOKENIZE = "/detokenize"
+
+SYSTEM = {"role": "system", "content": "You write Python."}
+USER = {"role": "user", "content": "def parse(self, data):"}
+USER2 = {"role": "user", "content": "import os\nimport sys\n"}
+ASSISTANT = {"role": "assistant", "content": "    return data\n"}
+PREFILL = {"role": "assistant", "content": "def f(x):\n"}
+
+SYS_USER = [SYSTEM, USER]
+MULTI_TURN = [SYSTEM, USER, ASSISTANT, USER2]
+TEXT_PARTS = [
+    SYSTEM,
+    {"role": "user", "content": [{"type": "text", "text": "import os"}, {"type": "text", "text": "class Foo:"}]},
+]
+TOOL_TURN = [
+    USER,
+    {"role": "assistant", "content": "Calling the tool."},
+    {"role": "tool", "content": "42", "tool_call_id": "call_1"},
+]
+ENDS_WITH_ASSISTANT = [USER, PREFILL]
+ASSISTANT_PARTS = [
+    USER,
+    {"role": "assistant", "content": [{"type": "text", "text": "def f(x):"}, {"type": "text", "text": "    y = x"}]},
+]
+CONVERSATIONS = [SYS_USER, [USER2], MULTI_TURN]
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_answer",
+        "description": "The answer.",
+        "parameters": {"type": "object", "properties": {}},
+    },
+}
+# Enough text to take more than the 1024-token context once templated.
+LONG = [{"role": "user", "content": " ".join(f"x{i} = {i}" for i in range(600))}]
+
+
+def _chat(messages: Any = SYS_USER, **fields: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": MODEL, "messages": messages, "max_tokens": 8, "temperature": 0}
+    body.update(fields)
+    return {k: v for k, v in body.items() if v is not _DROP}
+
+
+_DROP = object()
+
+
+def chat_cases() -> list[Case]:
+    c: list[Case] = []
+
+    def chat(name: str, group: str, body: Any, **kw: Any) -> None:
+        c.append(Case(name, group, body, path=CHAT, **kw))
+
+    def batch(name: str, group: str, body: Any, **kw: Any) -> None:
+        c.append(Case(name, group, body, path=BATCH, **kw))
+
+    # -- conversation shapes
+    chat("chat system + user", "chat", _chat())
+    chat("chat user only", "chat", _chat([USER]))
+    chat("chat multi-turn", "chat", _chat(MULTI_TURN))
+    chat("chat content as text parts", "chat", _chat(TEXT_PARTS))
+    chat("chat tool message as text", "chat", _chat(TOOL_TURN))
+    chat("chat any role string is rendered", "chat", _chat([{"role": "wizard", "content": "abracadabra"}]))
+    chat("chat tools with tool_choice none", "chat", _chat(tools=[TOOL], tool_choice="none"))
+    chat("chat response_format text", "chat", _chat(response_format={"type": "text"}))
+    chat("chat unknown fields are ignored", "chat", _chat(user="u-1", some_unknown_field=3))
+    # -- max tokens
+    chat("chat max_completion_tokens", "chat", _chat(max_tokens=_DROP, max_completion_tokens=5))
+    chat("chat max_completion_tokens over max_tokens", "chat", _chat(max_tokens=12, max_completion_tokens=3))
+    chat("chat max_tokens omitted: the room left", "chat", _chat([USER2], max_tokens=_DROP))
+    chat("chat ignore_eos", "chat", _chat(max_tokens=40, ignore_eos=True))
+    chat("chat min_tokens", "chat", _chat(max_tokens=30, min_tokens=25))
+    chat("chat truncate_prompt_tokens", "chat", _chat(truncate_prompt_tokens=6, return_token_ids=True))
+    # -- template flags
+    chat("chat add_generation_prompt false", "chat", _chat(add_generation_prompt=False))
+    chat(
+        "chat continue_final_message",
+        "chat",
+        _chat(ENDS_WITH_ASSISTANT, add_generation_prompt=False, continue_final_message=True, return_token_ids=True),
+    )
+    chat("chat add_special_tokens true", "chat", _chat(add_special_tokens=True, return_token_ids=True))
+    chat("chat chat_template_kwargs", "chat", _chat(chat_template_kwargs={"enable_thinking": False, "x": 1}))
+    # -- echo: the last message is prepended when its role is the response's role
+    chat(
+        "chat echo the last assistant message",
+        "chat",
+        _chat(ENDS_WITH_ASSISTANT, add_generation_prompt=False, echo=True),
+    )
+    chat(
+        "chat echo with continue_final_message",
+        "chat",
+        _chat(ENDS_WITH_ASSISTANT, add_generation_prompt=False, continue_final_message=True, echo=True),
+    )
+    chat("chat echo, last message user: nothing echoed", "chat", _chat(echo=True))
+    chat("chat echo, no generation prompt: the role is user", "chat", _chat(add_generation_prompt=False, echo=True))
+    chat(
+        "chat echo text parts joined",
+        "chat",
+        _chat(ASSISTANT_PARTS, add_generation_prompt=False, continue_final_message=True, echo=True),
+    )
+    chat(
+        "chat echo with logprobs: prompt logprobs follow top_logprobs",
+        "chat",
+        _chat(ENDS_WITH_ASSISTANT, add_generation_prompt=False, echo=True, logprobs=True, top_logprobs=2, max_tokens=3),
+    )
+    # -- stop
+    chat("chat stop strings", "chat", _chat(max_tokens=30, ignore_eos=True, stop=["\n", "("]))
+    chat(
+        "chat stop strings included in output",
+        "chat",
+        _chat(max_tokens=30, ignore_eos=True, stop=["\n"], include_stop_str_in_output=True),
+    )
+    chat("chat stop_token_ids", "chat", _chat(max_tokens=30, ignore_eos=True, stop_token_ids=[13, 30, 198]))
+    # -- logprobs, token ids, other sampling fields
+    chat("chat logprobs true", "chat", _chat(logprobs=True, max_tokens=4))
+    chat("chat logprobs with top_logprobs 3", "chat", _chat(logprobs=True, top_logprobs=3, max_tokens=4))
+    chat("chat prompt_logprobs 1", "chat", _chat(prompt_logprobs=1, max_tokens=2))
+    chat("chat return_token_ids", "chat", _chat(MULTI_TURN, return_token_ids=True))
+    chat("chat logit_bias", "chat", _chat(logit_bias={"300": 100}, max_tokens=4))
+    chat(
+        "chat skip_special_tokens false",
+        "chat",
+        _chat(skip_special_tokens=False, ignore_eos=True, max_tokens=40),
+    )
+    chat("chat n=3 seeded", "chat", _chat(n=3, temperature=0.8, seed=7, max_tokens=10))
+    chat("chat n=2 seeded top_p/top_k", "chat", _chat(n=2, temperature=1.0, top_p=0.9, top_k=20, seed=5))
+    chat("chat seeded sampling", "chat", _chat(MULTI_TURN, temperature=1.0, seed=3, max_tokens=12))
+    chat(
+        "chat seeded penalties",
+        "chat",
+        _chat(temperature=0.9, seed=1, repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.2),
+    )
+    # -- streams
+    chat("chat stream", "chat stream", _chat(stream=True))
+    chat("chat stream include_usage", "chat stream", _chat(stream=True, stream_options={"include_usage": True}))
+    chat(
+        "chat stream include_usage + continuous_usage_stats",
+        "chat stream",
+        _chat(stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True}),
+    )
+    chat(
+        "chat stream continuous_usage_stats alone",
+        "chat stream",
+        _chat(stream=True, stream_options={"continuous_usage_stats": True}),
+    )
+    chat(
+        "chat stream n=2 seeded with usage",
+        "chat stream",
+        _chat(stream=True, n=2, temperature=0.7, seed=9, max_tokens=10, stream_options={"include_usage": True}),
+    )
+    chat(
+        "chat stream n=2 seeded logprobs",
+        "chat stream",
+        _chat(stream=True, n=2, temperature=0.7, seed=9, logprobs=True, top_logprobs=2, max_tokens=6),
+    )
+    chat("chat stream logprobs", "chat stream", _chat(stream=True, logprobs=True, max_tokens=6))
+    chat("chat stream return_token_ids", "chat stream", _chat(MULTI_TURN, stream=True, return_token_ids=True))
+    chat(
+        "chat stream stop string",
+        "chat stream",
+        _chat(stream=True, max_tokens=30, ignore_eos=True, stop=["\n"], include_stop_str_in_output=True),
+    )
+    chat(
+        "chat stream stop_token_ids",
+        "chat stream",
+        _chat(stream=True, max_tokens=30, ignore_eos=True, stop_token_ids=[13, 30, 198]),
+    )
+    chat(
+        "chat stream echo",
+        "chat stream",
+        _chat(ENDS_WITH_ASSISTANT, stream=True, add_generation_prompt=False, echo=True),
+    )
+    chat(
+        "chat stream echo with continuous usage",
+        "chat stream",
+        _chat(
+            ENDS_WITH_ASSISTANT,
+            stream=True,
+            add_generation_prompt=False,
+            continue_final_message=True,
+            echo=True,
+            n=2,
+            temperature=0.5,
+            seed=2,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+        ),
+    )
+    chat("chat stream role user", "chat stream", _chat(stream=True, add_generation_prompt=False))
+    chat("chat stream min_tokens", "chat stream", _chat(stream=True, max_tokens=24, min_tokens=20))
+    chat(
+        "chat stream max_completion_tokens 1",
+        "chat stream",
+        _chat(stream=True, max_tokens=_DROP, max_completion_tokens=1, stream_options={"include_usage": True}),
+    )
+    # -- structured output: vLLM honours it; braid refuses it as it does for completions
+    chat(
+        "chat response_format json_object",
+        "chat structured",
+        _chat(response_format={"type": "json_object"}, max_tokens=16),
+        deviation="unsupported_fields",
+    )
+    schema = {"type": "object", "properties": {"a": {"enum": ["x", "y"]}}, "required": ["a"]}
+    chat(
+        "chat response_format json_schema",
+        "chat structured",
+        _chat(response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}, max_tokens=16),
+        deviation="unsupported_fields",
+    )
+    chat(
+        "chat structured_outputs choice",
+        "chat structured",
+        _chat(structured_outputs={"choice": ["yes", "no"]}),
+        deviation="unsupported_fields",
+    )
+    chat(
+        "chat structured_outputs regex",
+        "chat structured",
+        _chat(structured_outputs={"regex": "[a-c]{3}"}),
+        deviation="unsupported_fields",
+    )
+    # -- errors
+    chat("chat messages []", "chat errors", _chat([]))
+    chat("chat messages missing", "chat errors", _chat(_DROP))
+    chat("chat messages is a string", "chat errors", _chat("hello"))
+    chat("chat message without a role", "chat errors", _chat([{"content": "hi"}]))
+    chat("chat role is a number", "chat errors", _chat([{"role": 5, "content": "hi"}]))
+    chat(
+        "chat both template flags true",
+        "chat errors",
+        _chat(ENDS_WITH_ASSISTANT, add_generation_prompt=True, continue_final_message=True),
+    )
+    chat(
+        "chat image_url content part",
+        "chat errors",
+        _chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/a.png"}}]}]),
+    )
+    chat(
+        "chat input_audio content part",
+        "chat errors",
+        _chat(
+            [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]}]
+        ),
+    )
+    chat("chat top_logprobs without logprobs", "chat errors", _chat(top_logprobs=2))
+    chat("chat negative top_logprobs", "chat errors", _chat(logprobs=True, top_logprobs=-2))
+    chat("chat top_logprobs over the maximum", "chat errors", _chat(logprobs=True, top_logprobs=30))
+    chat(
+        "chat top_logprobs over the maximum, streamed",
+        "chat errors",
+        _chat(logprobs=True, top_logprobs=30, stream=True),
+        deviation="eager_validation",
+    )
+    chat("chat prompt_logprobs with stream", "chat errors", _chat(prompt_logprobs=1, stream=True))
+    chat("chat stream_options without stream", "chat errors", _chat(stream_options={"include_usage": True}))
+    chat("chat tools with tool_choice auto", "chat errors", _chat(tools=[TOOL], tool_choice="auto"))
+    chat("chat tools with tool_choice required", "chat errors", _chat(tools=[TOOL], tool_choice="required"))
+    chat(
+        "chat tools with a named tool_choice",
+        "chat errors",
+        _chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_answer"}}),
+    )
+    chat("chat tools []", "chat errors", _chat(tools=[]))
+    chat("chat tool_choice without tools", "chat errors", _chat(tool_choice="auto"))
+    chat("chat request chat_template", "chat errors", _chat(chat_template="{{ messages[0]['content'] }}"))
+    chat(
+        "chat chat_template in chat_template_kwargs",
+        "chat errors",
+        _chat(chat_template_kwargs={"chat_template": "{{ messages[0]['content'] }}"}),
+    )
+    chat("chat greedy n=2", "chat errors", _chat(n=2))
+    chat("chat min_tokens over max_tokens", "chat errors", _chat(max_tokens=4, min_tokens=5))
+    chat(
+        "chat max_completion_tokens over the context",
+        "chat errors",
+        _chat(max_tokens=_DROP, max_completion_tokens=5000),
+    )
+    chat("chat conversation over the context", "chat errors", _chat(LONG))
+    chat("chat seed over int64", "chat errors", _chat(seed=2**63, temperature=1.0))
+    chat("chat unknown model", "chat errors", _chat(model="no-such-model"))
+    chat("chat bad JSON", "chat errors", b'{"model": "braid-tiny", "messages": [')
+    # -- batched chat: one choice per conversation, usage summed
+    batch("batch chat two conversations", "batch chat", _chat([SYS_USER, [USER2]]))
+    batch("batch chat three conversations", "batch chat", _chat(CONVERSATIONS, max_tokens=12))
+    batch("batch chat logprobs", "batch chat", _chat(CONVERSATIONS, logprobs=True, top_logprobs=2, max_tokens=4))
+    batch(
+        "batch chat stop, token ids, max_completion_tokens",
+        "batch chat",
+        _chat(
+            CONVERSATIONS,
+            max_tokens=_DROP,
+            max_completion_tokens=20,
+            ignore_eos=True,
+            stop=["\n"],
+            return_token_ids=True,
+        ),
+    )
+    batch(
+        "batch chat echo",
+        "batch chat",
+        _chat([ENDS_WITH_ASSISTANT, [USER2]], add_generation_prompt=False, continue_final_message=True, echo=True),
+    )
+    batch("batch chat seeded sampling", "batch chat", _chat(CONVERSATIONS, temperature=1.0, seed=4, max_tokens=10))
+    batch("batch chat one conversation", "batch chat", _chat([MULTI_TURN]))
+    batch("batch chat messages []", "batch chat errors", _chat([]))
+    batch("batch chat an empty conversation", "batch chat errors", _chat([SYS_USER, []]))
+    batch("batch chat a flat conversation", "batch chat errors", _chat(SYS_USER))
+    batch("batch chat tool_choice auto", "batch chat errors", _chat([SYS_USER], tool_choice="auto"))
+    batch(
+        "batch chat both template flags true",
+        "batch chat errors",
+        _chat([ENDS_WITH_ASSISTANT], continue_final_message=True),
+    )
+    batch("batch chat top_logprobs without logprobs", "batch chat errors", _chat([SYS_USER], top_logprobs=2))
+    batch(
+        "batch chat n=2 seeded",
+        "batch chat errors",
+        _chat(CONVERSATIONS, n=2, temperature=0.8, seed=6),
+        deviation="batch_chat_n",
+    )
+    batch(
+        "batch chat streamed",
+        "batch chat errors",
+        _chat([SYS_USER, [USER2]], stream=True, stream_options={"include_usage": True}),
+        deviation="batch_chat_stream",
+    )
+    batch(
+        "batch chat streamed n=2 seeded",
+        "batch chat errors",
+        _chat(CONVERSATIONS, stream=True, n=2, temperature=0.8, seed=6),
+        deviation="batch_chat_stream",
+    )
+    # -- /tokenize (a prompt, or messages rendered by the chat template) and /detokenize
+    tok = "tokenize"
+    c.append(Case("tokenize a prompt", tok, {"model": MODEL, "prompt": USER["content"]}, path=TOKENIZE))
+    c.append(
+        Case(
+            "tokenize a prompt without special tokens, with token strings",
+            tok,
+            {"model": MODEL, "prompt": USER2["content"], "add_special_tokens": False, "return_token_strs": True},
+            path=TOKENIZE,
+        )
+    )
+    c.append(Case("tokenize messages", tok, {"model": MODEL, "messages": MULTI_TURN}, path=TOKENIZE))
+    c.append(
+        Case(
+            "tokenize messages with token strings, no generation prompt",
+            tok,
+            {"model": MODEL, "messages": TEXT_PARTS, "add_generation_prompt": False, "return_token_strs": True},
+            path=TOKENIZE,
+        )
+    )
+    c.append(
+        Case(
+            "tokenize messages continue_final_message",
+            tok,
+            {
+                "model": MODEL,
+                "messages": ENDS_WITH_ASSISTANT,
+                "add_generation_prompt": False,
+                "continue_final_message": True,
+                "add_special_tokens": True,
+            },
+            path=TOKENIZE,
+        )
+    )
+    c.append(Case("tokenize messages []", tok, {"model": MODEL, "messages": []}, path=TOKENIZE))
+    c.append(
+        Case(
+            "tokenize messages with both template flags true",
+            tok,
+            {"model": MODEL, "messages": ENDS_WITH_ASSISTANT, "continue_final_message": True},
+            path=TOKENIZE,
+        )
+    )
+    c.append(
+        Case(
+            "tokenize messages with a request chat_template",
+            tok,
+            {"model": MODEL, "messages": [USER], "chat_template": "{{ messages[0]['content'] }}"},
+            path=TOKENIZE,
+        )
+    )
+    c.append(Case("tokenize neither prompt nor messages", tok, {"model": MODEL}, path=TOKENIZE))
+    c.append(Case("tokenize unknown model", tok, {"model": "no-such-model", "prompt": "x"}, path=TOKENIZE))
+    c.append(Case("detokenize", tok, {"model": MODEL, "tokens": [300, 301, 302, 303, 304]}, path=DETOKENIZE))
+    c.append(Case("detokenize special tokens", tok, {"model": MODEL, "tokens": [1, 300, 2, 301]}, path=DETOKENIZE))
+    c.append(Case("detokenize []", tok, {"model": MODEL, "tokens": []}, path=DETOKENIZE))
+    c.append(Case("detokenize a negative id", tok, {"model": MODEL, "tokens": [5, -1]}, path=DETOKENIZE))
+    c.append(Case("detokenize an out-of-vocabulary id", tok, {"model": MODEL, "tokens": [5, 999999]}, path=DETOKENIZE))
+    return c
