@@ -77,6 +77,13 @@ def test_chat_defaults_differ_from_completions() -> None:
     assert req.body.max_tokens == 3  # type: ignore[attr-defined]
 
 
+def test_echo_asks_for_the_prompts_logprobs_at_top_logprobs() -> None:
+    assert chat({"messages": USER, "echo": True}).body.prompt_logprobs == 0  # type: ignore[attr-defined]
+    req = chat({"messages": USER, "echo": True, "stream": True, "logprobs": True, "top_logprobs": 2})
+    assert req.body.prompt_logprobs == 2  # type: ignore[attr-defined]
+    assert chat({"messages": USER, "top_logprobs": 0}).body.prompt_logprobs is None  # type: ignore[attr-defined]
+
+
 def test_logprobs_is_a_flag_and_top_logprobs_the_count() -> None:
     req = chat({"messages": USER, "logprobs": True, "top_logprobs": 3})
     assert (req.logprobs, req.top_logprobs, req.body.logprobs) == (True, 3, 3)  # type: ignore[attr-defined]
@@ -89,13 +96,16 @@ def test_logprobs_is_a_flag_and_top_logprobs_the_count() -> None:
     ("body", "param"),
     [
         ({"top_logprobs": 2}, "top_logprobs"),
+        ({"top_logprobs": -1}, "top_logprobs"),
         ({"logprobs": True, "top_logprobs": -2}, "top_logprobs"),
         ({"logprobs": True, "top_logprobs": 21}, "logprobs"),
         ({"tools": []}, "tools"),
         ({"tool_choice": "auto"}, "tool_choice"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"}, "tool_choice"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        ({"chat_template": "{{ 1 }}"}, "chat_template"),
+        # vLLM names no param for these
+        ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"}, None),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, None),
+        ({"chat_template": "{{ 1 }}"}, None),
+        ({"chat_template_kwargs": {"chat_template": "{{ 1 }}"}}, None),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"n": 2, "temperature": 0}, None),
         ({"use_beam_search": True}, "use_beam_search"),
@@ -122,3 +132,22 @@ def test_the_batch_route_takes_a_list_of_conversations() -> None:
         chat({"messages": [USER, []]}, batch=True)
     with pytest.raises(SchemaError):
         chat({"messages": USER}, batch=True)  # a conversation where a list of them belongs
+
+
+@pytest.mark.parametrize(
+    ("body", "batch", "param"),
+    [
+        ({}, False, "body.messages"),
+        ({"messages": "x"}, False, "body.messages"),
+        ({"messages": [{"content": "x"}]}, False, "body.messages.0.ChatCompletionDeveloperMessageParam.role"),
+        ({"messages": [USER, [{"content": "x"}]]}, True, "body.messages.1.0.role"),
+        ({"messages": []}, True, "body.messages"),
+        ({"messages": [USER, []]}, True, "body.messages.1"),
+        ({"messages": [USER], "seed": 2**63}, False, "body.seed"),
+        ({"messages": [USER], "tool_choice": "auto"}, True, "body.tool_choice"),
+    ],
+)
+def test_schema_errors_name_pydantics_location(body: dict, batch: bool, param: str) -> None:
+    with pytest.raises(SchemaError) as exc:
+        chat(body, batch=batch)
+    assert exc.value.param == param

@@ -69,8 +69,7 @@ def _content(value: object, where: str) -> str | None:
         if kind not in TEXT_PART_TYPES:
             raise InvalidRequest(
                 f"{where}.content[{j}] has type {kind!r}: this model takes text only "
-                "(images, audio, video and files need a multimodal model).",
-                param="messages",
+                "(images, audio, video and files need a multimodal model)."
             )
         text = part.get("text")
         if not isinstance(text, str):
@@ -84,7 +83,7 @@ def parse_messages(value: object, where: str = "messages") -> tuple[Message, ...
     if not isinstance(value, list):
         raise SchemaError(f"{where} must be a list of messages.", param=where)
     if not value:
-        raise InvalidRequest(f"{where} must hold at least one message.", param=where)
+        raise InvalidRequest(f"{where} must hold at least one message.")
     out = []
     for i, m in enumerate(value):
         at = f"{where}[{i}]"
@@ -92,7 +91,7 @@ def parse_messages(value: object, where: str = "messages") -> tuple[Message, ...
             raise SchemaError(f"{at} must be a message object.")
         role = m.get("role")
         if not isinstance(role, str) or not role:
-            raise SchemaError(f"{at}.role must be a non-empty string.")
+            raise SchemaError(f"{at}.role must be a non-empty string.", param=f"{at}.role")
         out.append(Message(role, _content(m.get("content"), at)))
     return tuple(out)
 

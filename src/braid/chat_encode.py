@@ -118,7 +118,6 @@ def chat_body(
                         "annotations": None,
                         "audio": None,
                         "function_call": None,
-                        "tool_calls": [],
                         "reasoning": None,
                     },
                     "logprobs": None if c.logprobs is None else {"content": c.logprobs},

@@ -24,8 +24,8 @@ import attrs
 import msgspec
 
 from braid.chat import Message, TemplateOptions, parse_messages
-from braid.errors import InvalidRequest
-from braid.request import CompletionBody, Limits, StreamOptions, _check_fields, decode_body
+from braid.errors import InvalidRequest, SchemaError
+from braid.request import INT64_MAX, INT64_MIN, CompletionBody, Limits, StreamOptions, _check_fields, decode_body
 
 
 class ChatBody(msgspec.Struct):
@@ -124,34 +124,60 @@ def _bad(message: str, param: str | None = None) -> InvalidRequest:
     return InvalidRequest(message, param=param)
 
 
-def _check_chat(b: ChatBody, *, trust_template: bool) -> None:
-    if b.top_logprobs is not None:
-        if b.top_logprobs < 0 and b.top_logprobs != -1:
-            raise _bad("`top_logprobs` must be a positive value.", "top_logprobs")
-        if not b.logprobs:
+def _check_chat(b: ChatBody, *, trust_template: bool, batch: bool) -> None:
+    # vLLM's validators, with its params (None where vLLM names none); what its pydantic schema
+    # refuses is a SchemaError at pydantic's location.
+    if b.seed is not None and not INT64_MIN <= b.seed <= INT64_MAX:
+        raise SchemaError(f"seed must be a 64-bit integer, got {b.seed}.", param="body.seed")
+    if batch and b.tool_choice is not None and b.tool_choice != "none":
+        raise SchemaError('The batch route takes no tools: `tool_choice` must be "none".', param="body.tool_choice")
+    top = b.top_logprobs
+    if top is not None:
+        if top < 0 and top != -1:
+            raise _bad("`top_logprobs` must be a positive value or -1.", "top_logprobs")
+        if (top == -1 or top > 0) and not b.logprobs:
             raise _bad("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
     if b.tools is not None and not b.tools:
         raise _bad("`tools` cannot be an empty list; leave it out instead.", "tools")
     if b.tool_choice is not None and b.tool_choice != "none":
         if b.tools is None:
             raise _bad("When using `tool_choice`, `tools` must be set.", "tool_choice")
-        raise _bad('braid does not parse tool calls: `tool_choice` must be "none".', "tool_choice")
+        raise _bad('braid does not parse tool calls: `tool_choice` must be "none".')
     if b.tools is not None and b.tool_choice is None:
-        raise _bad('braid does not parse tool calls: with `tools`, `tool_choice` must be "none".', "tools")
-    if b.chat_template is not None and not trust_template:
+        raise _bad('braid does not parse tool calls: with `tools`, `tool_choice` must be "none".')
+    in_kwargs = (b.chat_template_kwargs or {}).get("chat_template") is not None
+    if (b.chat_template is not None or in_kwargs) and not trust_template:
         raise _bad(
             "Chat template is passed with request, but --trust-request-chat-template is not set. "
-            "Refused request with untrusted chat template.",
-            "chat_template",
+            "Refused request with untrusted chat template."
         )
 
 
 def _conversations(messages: object, batch: bool) -> tuple[tuple[Message, ...], ...]:
-    if not batch:
-        return (parse_messages(messages),)
-    if not isinstance(messages, list) or not messages:
-        raise _bad("messages must be a non-empty list of conversations.", "messages")
-    return tuple(parse_messages(c, f"messages[{i}]") for i, c in enumerate(messages))
+    try:
+        if not batch:
+            return (parse_messages(messages),)
+        if not isinstance(messages, list) or not messages:
+            raise SchemaError("messages must be a non-empty list of conversations.", param="body.messages")
+        for i, c in enumerate(messages):
+            if c == []:  # pydantic's min_length on each conversation
+                raise SchemaError(f"messages[{i}] must hold at least one message.", param=f"body.messages.{i}")
+        return tuple(parse_messages(c, f"messages[{i}]") for i, c in enumerate(messages))
+    except SchemaError as exc:
+        exc.param = _pydantic_location(exc.param, batch)
+        raise
+
+
+def _pydantic_location(param: str | None, batch: bool) -> str | None:
+    """``messages[0].role`` as vLLM's pydantic names it. A role that is missing or not a string
+    fails every member of the message union; pydantic reports the developer message's, and only
+    on the single route (the batch route's conversations are a plain list)."""
+    if param is None or not param.startswith("messages"):
+        return param
+    path = param.replace("[", ".").replace("]", "")
+    if path.endswith(".role") and not batch:
+        path = path.removesuffix(".role") + ".ChatCompletionDeveloperMessageParam.role"
+    return "body." + path
 
 
 def parse_chat(
@@ -162,7 +188,7 @@ def parse_chat(
     ``batch``: the body is for the batch route (``messages`` is a list of conversations).
     """
     b: ChatBody = decode_body(body, _DECODER)
-    _check_chat(b, trust_template=trust_template)
+    _check_chat(b, trust_template=trust_template, batch=batch)
     template = TemplateOptions(
         add_generation_prompt=b.add_generation_prompt,
         continue_final_message=b.continue_final_message,
@@ -178,6 +204,11 @@ def parse_chat(
         logprobs=top if b.logprobs else None,
     )
     _check_fields(carried, limits)
+    if b.echo and b.prompt_logprobs is None:
+        # vLLM's chat: echo reports the prompt's logprobs, at top_logprobs (0: the prompt token
+        # alone), even in a stream (which does not show them); after the checks, as vLLM's
+        # validators see only the fields the client sent.
+        carried = msgspec.structs.replace(carried, prompt_logprobs=top)
     conversations = _conversations(b.messages, batch)
     if len(conversations) > limits.max_prompts:
         raise _bad(

@@ -128,7 +128,6 @@ class ChatMessage(_Strict):
     annotations: None
     audio: None
     function_call: None
-    tool_calls: list[Any]
     reasoning: None
 
 

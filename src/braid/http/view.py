@@ -192,7 +192,12 @@ async def _chat(
             texts = await render_conversations(chat, state.engine.tokenizer, state.tokenize_limiter)
         _check_deadline(deadline, state.settings.request_timeout)
         req = build_request(chat.body, tuple(TextPrompt(t) for t in texts), state.limits)
-        plan = await _plan(state, req, request_id, deadline, "chatcmpl")
+        try:
+            plan = await _plan(state, req, request_id, deadline, "chatcmpl")
+        except InvalidRequest as err:
+            if err.param == "max_tokens":  # chat's name for it, whichever of the two was sent
+                err.param = "max_completion_tokens"
+            raise
         roles = tuple(response_role(c, chat.template) for c in chat.conversations)
         shape = ChatShape(
             roles=roles,
