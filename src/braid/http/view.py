@@ -25,7 +25,7 @@ import trio
 
 from braid.admit import Admission, admission_for
 from braid.encode import error_body
-from braid.engine.base import Engine
+from braid.engine.base import Engine, check_structured
 from braid.errors import (
     BraidError,
     DeadlineExceeded,
@@ -165,6 +165,7 @@ async def _completions(
         req = parse_request(await read_body(), state.limits)
         if req.model is not None and req.model != info.name:
             raise ModelNotFound(f"The model `{req.model}` does not exist.", param="model")
+        check_structured(engine, req.sampling)  # a constraint the engine cannot compile: 400, not a stream
         state.admission.check_cost(req.sampling.n)
         rid = request_id or req.request_id
         # The response id may be the client's own; the engine's ids must be unique, because a
