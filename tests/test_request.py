@@ -9,7 +9,6 @@ import pytest
 
 from braid.engine.base import SamplingParams
 from braid.errors import InvalidRequest, SchemaError
-from braid.structured import GUIDED, Structured
 from braid.request import (
     _UNSUPPORTED,
     CompletionBody,
@@ -20,6 +19,7 @@ from braid.request import (
     parse_prompts,
     parse_request,
 )
+from braid.structured import GUIDED, Structured
 
 VOCAB = 259  # the scripted engine's vocabulary
 LIMITS = Limits(vocab_size=VOCAB)

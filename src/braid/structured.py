@@ -141,6 +141,13 @@ def _nested_deeper(value: object, limit: int) -> bool:
     return True
 
 
+def _too_deep(field: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"The JSON schema is nested too deeply: objects and arrays may nest at most {MAX_JSON_NESTING} levels.",
+        param=field,
+    )
+
+
 def _schema_text(value: object, loc: str, field: str) -> str:
     """A JSON schema (an object, or its JSON text) as compact JSON text; it must be an object."""
     if isinstance(value, str):
@@ -148,7 +155,9 @@ def _schema_text(value: object, loc: str, field: str) -> str:
             raise InvalidRequest(f"{loc.removeprefix('body.')} cannot be an empty string.", param=field)
         try:
             value = json.loads(value)
-        except (ValueError, RecursionError):
+        except RecursionError:
+            raise _too_deep(field) from None
+        except ValueError:
             raise InvalidRequest(
                 f"{loc.removeprefix('body.')} is not valid JSON: a JSON schema is an object.", param=field
             ) from None
@@ -157,10 +166,7 @@ def _schema_text(value: object, loc: str, field: str) -> str:
             f"{loc.removeprefix('body.')} must be a JSON schema, an object; got {_type_name(value)}.", param=field
         )
     if _nested_deeper(value, MAX_JSON_NESTING):
-        raise InvalidRequest(
-            f"The JSON schema is nested too deeply: objects and arrays may nest at most {MAX_JSON_NESTING} levels.",
-            param=field,
-        )
+        raise _too_deep(field)
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 

@@ -60,7 +60,9 @@ def test_every_field_reaches_vllm_under_its_own_name() -> None:
     sampling_params = pytest.importorskip("vllm.sampling_params")  # for StructuredOutputsParams
     assert record(SET) == {
         **attrs.asdict(SET, recurse=False),
-        "structured_outputs": sampling_params.StructuredOutputsParams(choice=["yes", "no"], disable_any_whitespace=True),
+        "structured_outputs": sampling_params.StructuredOutputsParams(
+            choice=["yes", "no"], disable_any_whitespace=True
+        ),
         "stop": ["x", "y"],
         "stop_token_ids": [4],
         "logit_bias": {5: 1.0, 6: -2.0},
