@@ -9,7 +9,8 @@ import attrs
 import pytest
 
 from braid.engine.base import SamplingParams
-from braid.engine.vllm_common import check_engine_args, vllm_sampling_params, vllm_structured
+from braid.engine.vllm_common import check_engine_args, map_error, vllm_sampling_params, vllm_structured
+from braid.errors import EngineRejected
 from braid.structured import KINDS, Structured
 
 NAMES = {field.name for field in attrs.fields(SamplingParams)}
@@ -150,3 +151,10 @@ def test_the_refused_names_are_vllms() -> None:
     arg_utils = pytest.importorskip("vllm.engine.arg_utils")
     fields = {field.name for field in dataclasses.fields(arg_utils.AsyncEngineArgs)}
     assert {*ADMISSION, "data_parallel_size"} <= fields
+
+
+def test_vllms_validation_error_is_a_rejection() -> None:
+    exceptions = pytest.importorskip("vllm.exceptions")
+    err = map_error(exceptions.VLLMValidationError("bad grammar", parameter="structured_outputs"))
+    assert isinstance(err, EngineRejected) and (err.status, err.param) == (400, "structured_outputs")
+    assert err.message.startswith("bad grammar")

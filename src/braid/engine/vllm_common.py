@@ -160,13 +160,15 @@ def convert_output(ro: Any) -> EngineOutput:
 
 def map_error(exc: BaseException) -> BraidError:
     """vLLM's exceptions -> braid's error types (see braid.errors)."""
+    from vllm.exceptions import VLLMValidationError
     from vllm.v1.engine.exceptions import EngineDeadError
 
     if isinstance(exc, BraidError):
         return exc
     if isinstance(exc, EngineDeadError):
         return EngineUnavailable("The engine is not running.")
-    if isinstance(exc, ValueError | TypeError | OverflowError):
+    # vLLM's request checks raise VLLMValidationError, which 0.32 no longer derives from ValueError.
+    if isinstance(exc, VLLMValidationError | ValueError | TypeError | OverflowError):
         return EngineRejected(str(exc), param=getattr(exc, "parameter", None))
     return EngineError(f"The engine failed: {type(exc).__name__}: {exc}")
 
@@ -217,12 +219,16 @@ def check_structured(input_processor: Any, params_cls: Any, p: SamplingParams) -
     structured = p.structured_outputs
     if structured is None:
         return
+    from vllm.exceptions import VLLMValidationError
+
     ip = input_processor
     try:
         throwaway = params_cls(max_tokens=1, structured_outputs=vllm_structured(structured))
         throwaway.verify(ip.model_config, ip.speculative_config, ip.structured_outputs_config, ip.tokenizer)
-    except (ValueError, TypeError) as exc:  # VLLMValidationError is a ValueError
-        raise InvalidRequest(f"{structured.source}: {exc}", param=structured.source) from None
+    except (VLLMValidationError, ValueError, TypeError) as exc:  # vLLM 0.32's is no ValueError
+        # The message alone: VLLMValidationError's str() appends the rejected value, a whole schema.
+        message = exc.args[0] if exc.args else str(exc)
+        raise InvalidRequest(f"{structured.source}: {message}", param=structured.source) from None
 
 
 _FAIL = re.compile(r"braid:fail@(\d+)")
