@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import json
 import re
+import types
 from typing import Any
 
 import httpx
 import pytest
 
+from braid.engine.base import SamplingParams
+from braid.engine.vllm import VllmEngine
+from braid.engine.vllm_common import CPU_ENGINE_ARGS, is_cpu_build, prepare_environment
+from braid.engine.vllm_core import VllmCoreEngine
+from braid.errors import InvalidRequest
+from braid.models.tiny import default_dir
+from braid.structured import Structured
 from tests.helpers import VllmServer, parse_sse
 
 pytestmark = pytest.mark.vllm
@@ -115,3 +123,53 @@ def test_an_uncompilable_constraint_is_a_400_before_any_stream(
         error = r.json()["error"]
         assert (error["param"], error["code"], error["type"]) == (param, 400, "BadRequestError")
         assert message in error["message"]
+
+
+# --- both clients' check, in this process: vLLM's input processor, no engine ------------------------
+
+
+@pytest.fixture(scope="module")
+def input_processor(vllm_server: VllmServer) -> Any:
+    """vLLM's input processor for the tier's model (built by the server fixture), as the engine
+    clients hold it: building it starts no engine."""
+    prepare_environment(cpu=is_cpu_build())
+    from vllm import AsyncEngineArgs
+    from vllm.renderers import renderer_from_config
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    config = AsyncEngineArgs(model=str(default_dir()), max_model_len=1024, **CPU_ENGINE_ARGS).create_engine_config()
+    return InputProcessor(config, renderer_from_config(config))
+
+
+def engines(input_processor: Any) -> list[Any]:
+    """Each client's engine, holding only what its check reads."""
+    from vllm import SamplingParams as VllmParams
+
+    core = VllmCoreEngine(None, input_processor, None, (), None, None, None, VllmParams, None, None)  # type: ignore[arg-type]
+    llm = types.SimpleNamespace(input_processor=input_processor)
+    return [core, VllmEngine(None, llm, None, None, None, VllmParams)]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "structured",
+    [
+        Structured(json=json.dumps(COLOUR)),
+        Structured(regex="[a-c]{3}"),
+        Structured(choice=("a", "b")),
+        Structured(grammar='root ::= "a"'),
+        Structured(json_object=True),
+    ],
+    ids=lambda s: s.kind,
+)
+def test_both_clients_pass_what_compiles(input_processor: Any, structured: Structured) -> None:
+    for engine in engines(input_processor):
+        engine.check_structured(SamplingParams(max_tokens=4, structured_outputs=structured))
+        engine.check_structured(SamplingParams(max_tokens=4))  # no constraint: nothing to check
+
+
+def test_both_clients_refuse_what_does_not_compile(input_processor: Any) -> None:
+    bad = SamplingParams(max_tokens=4, structured_outputs=Structured(regex="[a-", source="guided_regex"))
+    for engine in engines(input_processor):
+        with pytest.raises(InvalidRequest) as info:
+            engine.check_structured(bad)
+        assert info.value.param == "guided_regex" and info.value.message.startswith("guided_regex: ")
