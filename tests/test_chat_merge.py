@@ -30,7 +30,7 @@ def chat_plan(body: dict, *, stream: bool, batch: bool = False) -> tuple[Plan, C
     engine = ScriptedEngine()
     chat = parse_chat(json.dumps(body).encode(), LIMITS, max_model_len=engine.info.max_model_len, batch=batch)
     texts = tuple(render(TOK, c, chat.template) for c in chat.conversations)
-    req = build_request(chat.body, tuple(TextPrompt(t) for t in texts), LIMITS)
+    req = build_request(chat.body, tuple(TextPrompt(t) for t in texts), LIMITS, chat.structured)
     plan = make_plan(req, engine.info, engine.tokenizer, request_id="chatcmpl-t", created=1)
     roles = tuple(response_role(c, chat.template) for c in chat.conversations)
     echo = tuple(echo_text(c, r) if chat.echo else "" for c, r in zip(chat.conversations, roles, strict=True))

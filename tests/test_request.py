@@ -19,6 +19,7 @@ from braid.request import (
     parse_prompts,
     parse_request,
 )
+from braid.structured import GUIDED, Structured
 
 VOCAB = 259  # the scripted engine's vocabulary
 LIMITS = Limits(vocab_size=VOCAB)
@@ -444,6 +445,8 @@ NOT_SAMPLING = {
     "model", "prompt", "stream", "stream_options", "echo", "return_token_ids", "return_tokens_as_token_ids",
     "add_special_tokens", "truncate_prompt_tokens", "truncation_side", "request_id", "user", "priority",
     "best_of", *_UNSUPPORTED,
+    # Structured output: read with structured_outputs into SamplingParams.structured_outputs.
+    "response_format", *GUIDED,
 }  # fmt: skip
 
 
@@ -461,10 +464,11 @@ def test_every_sampling_field_of_the_body_reaches_the_engine_params() -> None:
         "min_tokens": 1, "logprobs": 2, "prompt_logprobs": 1, "presence_penalty": 0.5, "frequency_penalty": -0.5,
         "repetition_penalty": 1.5, "skip_special_tokens": False, "spaces_between_special_tokens": False,
         "logit_bias": {"5": 1.0, "6": -2.0}, "allowed_token_ids": [5, 6], "bad_words": ["no"],
+        "structured_outputs": {"choice": ["yes", "no"]},
     }  # fmt: skip
     assert set(sent) == {field.name for field in attrs.fields(SamplingParams)}
     got = parse(**sent).sampling
-    converted = {"logit_bias": ((5, 1.0), (6, -2.0))}
+    converted = {"logit_bias": ((5, 1.0), (6, -2.0)), "structured_outputs": Structured(choice=("yes", "no"))}
     assert attrs.asdict(got, recurse=False) == {
         name: converted.get(name, tuple(value) if isinstance(value, list) else value) for name, value in sent.items()
     }

@@ -18,14 +18,24 @@ does not parse tool calls), and a request's own ``chat_template`` needs the serv
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import attrs
 import msgspec
 
 from braid.chat import Message, TemplateOptions, parse_messages
 from braid.errors import InvalidRequest, SchemaError
-from braid.request import INT64_MAX, INT64_MIN, CompletionBody, Limits, StreamOptions, _check_fields, decode_body
+from braid.request import (
+    INT64_MAX,
+    INT64_MIN,
+    CompletionBody,
+    Limits,
+    StreamOptions,
+    _check_fields,
+    decode_body,
+    structured_of,
+)
+from braid.structured import GUIDED_SCHEMAS, RESPONSE_FORMAT_SCHEMA, STRUCTURED_OUTPUTS_SCHEMA, Structured
 
 
 class ChatBody(msgspec.Struct):
@@ -77,15 +87,15 @@ class ChatBody(msgspec.Struct):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
-    # Checked by the completions rules (refused there until braid implements them).
+    # Checked by the completions rules (structured output: braid.structured).
     use_beam_search: bool = False
     best_of: int | None = None
-    response_format: Any = None
-    structured_outputs: Any = None
-    guided_json: Any = None
-    guided_regex: Any = None
-    guided_choice: Any = None
-    guided_grammar: Any = None
+    response_format: Annotated[Any, msgspec.Meta(extra_json_schema=RESPONSE_FORMAT_SCHEMA)] = None
+    structured_outputs: Annotated[Any, msgspec.Meta(extra_json_schema=STRUCTURED_OUTPUTS_SCHEMA)] = None
+    guided_json: Annotated[Any, msgspec.Meta(extra_json_schema=GUIDED_SCHEMAS["guided_json"])] = None
+    guided_regex: Annotated[Any, msgspec.Meta(extra_json_schema=GUIDED_SCHEMAS["guided_regex"])] = None
+    guided_choice: Annotated[Any, msgspec.Meta(extra_json_schema=GUIDED_SCHEMAS["guided_choice"])] = None
+    guided_grammar: Annotated[Any, msgspec.Meta(extra_json_schema=GUIDED_SCHEMAS["guided_grammar"])] = None
     logprob_token_ids: Any = None
     repetition_detection: Any = None
 
@@ -109,6 +119,8 @@ class ChatRequest:
     body: CompletionBody
     """The sampling fields as a completions body (``prompt`` unset): :func:`braid.request.build_request`
     turns it and the rendered prompts into the engine's request."""
+    structured: Structured | None
+    """``response_format`` / ``structured_outputs`` (:mod:`braid.structured`)."""
     logprobs: bool
     top_logprobs: int
     """Alternatives listed per token (-1: all the engine returned)."""
@@ -209,6 +221,7 @@ def parse_chat(
         # alone), even in a stream (which does not show them); after the checks, as vLLM's
         # validators see only the fields the client sent.
         carried = msgspec.structs.replace(carried, prompt_logprobs=top)
+    structured = structured_of(carried)
     conversations = _conversations(b.messages, batch)
     if len(conversations) > limits.max_prompts:
         raise _bad(
@@ -219,6 +232,7 @@ def parse_chat(
         conversations=conversations,
         template=template,
         body=carried,
+        structured=structured,
         logprobs=bool(b.logprobs),
         top_logprobs=top,
         echo=b.echo,

@@ -24,6 +24,14 @@ import msgspec
 
 from braid.engine.base import SamplingParams
 from braid.errors import InvalidRequest, SchemaError
+from braid.structured import (
+    GUIDED,
+    GUIDED_SCHEMAS,
+    RESPONSE_FORMAT_SCHEMA,
+    STRUCTURED_OUTPUTS_SCHEMA,
+    Structured,
+    structured_from,
+)
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -130,17 +138,18 @@ class CompletionBody(msgspec.Struct):
     request_id: str | None = None
     user: str | None = None
     priority: int = 0
+    # Structured output (braid.structured): decoded as Any, checked by structured_from.
+    structured_outputs: Annotated[Any, msgspec.Meta(extra_json_schema=STRUCTURED_OUTPUTS_SCHEMA)] = None
+    response_format: Annotated[Any, msgspec.Meta(extra_json_schema=RESPONSE_FORMAT_SCHEMA)] = None
+    guided_json: Annotated[Any, msgspec.Meta(extra_json_schema=GUIDED_SCHEMAS["guided_json"])] = None
+    guided_regex: Annotated[Any, msgspec.Meta(extra_json_schema=GUIDED_SCHEMAS["guided_regex"])] = None
+    guided_choice: Annotated[Any, msgspec.Meta(extra_json_schema=GUIDED_SCHEMAS["guided_choice"])] = None
+    guided_grammar: Annotated[Any, msgspec.Meta(extra_json_schema=GUIDED_SCHEMAS["guided_grammar"])] = None
     # Fields that change the output and that braid refuses (see _UNSUPPORTED).
     suffix: str | None = None
     use_beam_search: bool = False
     best_of: int | None = None
     prompt_embeds: Any = None
-    response_format: Any = None
-    structured_outputs: Any = None
-    guided_json: Any = None
-    guided_regex: Any = None
-    guided_choice: Any = None
-    guided_grammar: Any = None
     logprob_token_ids: Any = None
     repetition_detection: Any = None
 
@@ -336,12 +345,6 @@ _UNSUPPORTED = {
     "suffix": "suffix is not currently supported",
     "use_beam_search": "beam search is not supported by braid",
     "prompt_embeds": "prompt_embeds is not supported by braid",
-    "response_format": "response_format (structured output) is not supported by braid yet",
-    "structured_outputs": "structured_outputs is not supported by braid yet",
-    "guided_json": "guided decoding is not supported by braid yet",
-    "guided_regex": "guided decoding is not supported by braid yet",
-    "guided_choice": "guided decoding is not supported by braid yet",
-    "guided_grammar": "guided decoding is not supported by braid yet",
     "logprob_token_ids": "logprob_token_ids is not supported by braid yet",
     "repetition_detection": "repetition_detection is not supported by braid yet",
 }
@@ -372,8 +375,6 @@ def _check_fields(b: CompletionBody, limits: Limits) -> None:
         value = getattr(b, name)
         if name == "use_beam_search":
             value = value or None
-        if name == "response_format" and isinstance(value, dict) and value.get("type") == "text":
-            value = None
         if value is not None:
             raise _bad(message, name)
     if b.best_of is not None and b.best_of != b.n:
@@ -472,10 +473,11 @@ def _logit_bias(raw: dict[str, float] | None, vocab_size: int) -> tuple[tuple[in
     return tuple(out)
 
 
-def _sampling_params(b: CompletionBody, limits: Limits) -> SamplingParams:
+def _sampling_params(b: CompletionBody, limits: Limits, structured: Structured | None) -> SamplingParams:
     """The body's sampling fields, by the names :class:`SamplingParams` declares: a field absent
     or null takes its default there and a list becomes a tuple. Only the fields whose wire form
-    differs from the engine's are converted by hand."""
+    differs from the engine's are converted by hand (``structured_outputs``: ``structured``, made
+    of it and the other structured-output fields)."""
     given: dict[str, Any] = {}
     for field in attrs.fields(SamplingParams):
         value = getattr(b, field.name)
@@ -493,6 +495,7 @@ def _sampling_params(b: CompletionBody, limits: Limits) -> SamplingParams:
             "stop": (b.stop,) if isinstance(b.stop, str) else tuple(b.stop or ()),
             "logit_bias": _logit_bias(b.logit_bias, limits.vocab_size),
             "prompt_logprobs": prompt_logprobs,
+            "structured_outputs": structured,
         }
     )
 
@@ -501,12 +504,24 @@ def parse_request(body: bytes, limits: Limits) -> CompletionRequest:
     """Decode and validate a request body; raises :class:`~braid.errors.InvalidRequest` (a 400)."""
     b = decode_body(body)
     _check_fields(b, limits)
-    return build_request(b, parse_prompts(b.prompt, limits), limits)
+    return build_request(b, parse_prompts(b.prompt, limits), limits, structured_of(b))
 
 
-def build_request(b: CompletionBody, prompts: tuple[Prompt, ...], limits: Limits) -> CompletionRequest:
+def structured_of(b: CompletionBody) -> Structured | None:
+    """The body's structured-output constraint (:mod:`braid.structured`), or a 400."""
+    return structured_from(
+        structured_outputs=b.structured_outputs,
+        response_format=b.response_format,
+        guided={name: getattr(b, name) for name in GUIDED},
+    )
+
+
+def build_request(
+    b: CompletionBody, prompts: tuple[Prompt, ...], limits: Limits, structured: Structured | None
+) -> CompletionRequest:
     """The request for a body whose fields passed ``_check_fields``, with its prompts already
-    parsed (chat's are rendered from its messages: :mod:`braid.chat_request`)."""
+    parsed (chat's are rendered from its messages: :mod:`braid.chat_request`) and its
+    structured-output constraint (:func:`structured_of`)."""
     if len(prompts) * b.n > limits.max_choices:
         raise _bad(
             f"{len(prompts)} prompts x n={b.n} is {len(prompts) * b.n} choices, more than the maximum of {limits.max_choices}.",
@@ -518,7 +533,7 @@ def build_request(b: CompletionBody, prompts: tuple[Prompt, ...], limits: Limits
         model=b.model or None,
         prompts=prompts,
         max_tokens=16 if b.max_tokens is None else b.max_tokens,
-        sampling=_sampling_params(b, limits),
+        sampling=_sampling_params(b, limits, structured),
         stream=stream,
         include_usage=include_usage,
         continuous_usage=include_usage and bool(b.stream_options and b.stream_options.continuous_usage_stats),

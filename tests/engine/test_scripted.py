@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 import attrs
 import pytest
 import trio
 
 from braid.engine.base import EngineOutput, EngineRequest, SamplingParams
 from braid.engine.scripted import PrefixCache, ScriptedEngine, join_deltas
-from braid.errors import BraidError, EngineError, EngineRejected
+from braid.errors import BraidError, EngineError, EngineRejected, InvalidRequest
+from braid.structured import Structured
 
 PARAMS = [
     SamplingParams(max_tokens=30, n=3, seed=7, logprobs=2, prompt_logprobs=1),
@@ -157,3 +160,82 @@ async def test_leaving_early_on_its_own_clock_aborts_and_raises_what_the_block_r
                 pass
     assert scope.cancelled_caught
     assert engine.aborted_ids == ["a", "b"] and engine.in_flight == 0
+
+
+# --- structured output: choice only ---------------------------------------------------------------
+
+CHOICES = ("red", "green", "blue", "a much longer choice")
+
+
+def _choice_params(**fields: object) -> SamplingParams:
+    return SamplingParams(**{"max_tokens": 40, "structured_outputs": Structured(choice=CHOICES), **fields})  # type: ignore[arg-type]
+
+
+async def _texts(engine: ScriptedEngine, params: SamplingParams, prompt: str = "pick one") -> list[tuple[str, str]]:
+    ids = tuple(engine.tokenizer.encode(prompt))
+    (out,) = await _collect(engine, EngineRequest("s", ids, params, final_only=True))
+    return [(c.text, c.finish_reason or "") for c in out.choices]
+
+
+async def test_choice_emits_one_of_the_choices_then_eos() -> None:
+    engine = ScriptedEngine()
+    got = await _texts(engine, _choice_params(n=8, seed=3))
+    assert all(text in CHOICES and finish == "stop" for text, finish in got)
+    assert len({text for text, _ in got}) > 1  # each choice is picked on its own
+    ids = tuple(engine.tokenizer.encode("pick one"))
+    (out,) = await _collect(engine, EngineRequest("t", ids, _choice_params(), final_only=True))
+    (choice,) = out.choices
+    assert choice.token_ids[-1] == 1 and engine.tokenizer.decode(choice.token_ids) == choice.text  # EOS
+
+
+async def test_choice_is_deterministic_by_seed_and_greedy_picks_one() -> None:
+    engine = ScriptedEngine()
+    seeded = _choice_params(n=4, seed=11)
+    assert await _texts(engine, seeded) == await _texts(engine, seeded)
+    picks = {tuple(await _texts(engine, _choice_params(n=4, seed=s))) for s in range(8)}
+    assert len(picks) > 1  # another seed, another pick
+    greedy = await _texts(engine, _choice_params(n=1, temperature=0.0, seed=None))
+    assert greedy == await _texts(engine, _choice_params(n=1, temperature=0.0, seed=None))
+
+
+async def test_max_tokens_and_stop_cut_a_choice() -> None:
+    engine = ScriptedEngine()
+    only = Structured(choice=("abcdef",))
+    assert await _texts(engine, SamplingParams(max_tokens=3, structured_outputs=only)) == [("abc", "length")]
+    cut = SamplingParams(max_tokens=10, stop=("cd",), structured_outputs=only)
+    assert await _texts(engine, cut) == [("ab", "stop")]
+
+
+async def test_choice_streams_one_character_per_output() -> None:
+    engine = ScriptedEngine()
+    ids = tuple(engine.tokenizer.encode("x"))
+    only = Structured(choice=("yes",))
+    outputs = await _collect(engine, EngineRequest("d", ids, SamplingParams(max_tokens=9, structured_outputs=only)))
+    assert [o.choices[0].text for o in outputs] == ["y", "e", "s", ""]
+
+
+@pytest.mark.parametrize(
+    ("structured", "message"),
+    [
+        (Structured(regex="[a-c]{3}"), "supports only structured_outputs.choice, not regex"),
+        (Structured(json='{"type":"object"}', source="response_format"), "not json (from response_format)"),
+        (Structured(json_object=True), "not json_object"),
+        (Structured(choice=("café",)), "ASCII"),
+    ],
+    ids=lambda v: getattr(v, "kind", v),
+)
+async def test_other_constraints_are_refused(structured: Structured, message: str) -> None:
+    engine = ScriptedEngine()
+    params = SamplingParams(max_tokens=5, structured_outputs=structured)
+    with pytest.raises(InvalidRequest, match=re.escape(message)) as info:
+        engine.check_structured(params)
+    assert info.value.param == structured.source and not isinstance(info.value, EngineRejected)
+    # opened without the check first (a caller that skips it): the engine rejects it itself
+    ids = tuple(engine.tokenizer.encode("x"))
+    with pytest.raises(EngineRejected, match=re.escape(message)):
+        await _collect(engine, EngineRequest("r", ids, params))
+    assert engine.in_flight == 0
+
+
+def test_no_constraint_passes_the_check() -> None:
+    ScriptedEngine().check_structured(SamplingParams(max_tokens=5))

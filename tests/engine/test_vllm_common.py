@@ -9,7 +9,9 @@ import attrs
 import pytest
 
 from braid.engine.base import SamplingParams
-from braid.engine.vllm_common import check_engine_args, vllm_sampling_params
+from braid.engine.vllm_common import check_engine_args, map_error, vllm_sampling_params, vllm_structured
+from braid.errors import EngineRejected
+from braid.structured import KINDS, Structured
 
 NAMES = {field.name for field in attrs.fields(SamplingParams)}
 SET = SamplingParams(
@@ -35,6 +37,7 @@ SET = SamplingParams(
     logit_bias=((5, 1.0), (6, -2.0)),
     allowed_token_ids=(5, 6),
     bad_words=("no",),
+    structured_outputs=Structured(choice=("yes", "no"), disable_any_whitespace=True),
 )
 
 
@@ -55,8 +58,12 @@ def test_every_field_is_set_apart_from_its_default() -> None:
 
 
 def test_every_field_reaches_vllm_under_its_own_name() -> None:
+    sampling_params = pytest.importorskip("vllm.sampling_params")  # for StructuredOutputsParams
     assert record(SET) == {
-        **attrs.asdict(SET),
+        **attrs.asdict(SET, recurse=False),
+        "structured_outputs": sampling_params.StructuredOutputsParams(
+            choice=["yes", "no"], disable_any_whitespace=True
+        ),
         "stop": ["x", "y"],
         "stop_token_ids": [4],
         "logit_bias": {5: 1.0, 6: -2.0},
@@ -69,6 +76,7 @@ def test_every_field_reaches_vllm_under_its_own_name() -> None:
 def test_absent_lists_stay_none_and_empty_ones_become_lists() -> None:
     sent = record(SamplingParams(max_tokens=1))
     assert (sent["logit_bias"], sent["allowed_token_ids"], sent["bad_words"]) == (None, None, None)
+    assert sent["structured_outputs"] is None
     assert (sent["stop"], sent["stop_token_ids"]) == ([], [])
 
 
@@ -81,6 +89,29 @@ def test_vllm_takes_every_field() -> None:
     assert NAMES <= set(sampling_params.SamplingParams.__struct_fields__)
     params = vllm_sampling_params(sampling_params.SamplingParams, sampling_params.RequestOutputKind, SET)
     assert (params.n, params.max_tokens, params.stop, params.bad_words) == (2, 5, ["x", "y"], ["no"])
+
+
+@pytest.mark.parametrize(
+    "structured",
+    [
+        Structured(json='{"type":"object"}'),
+        Structured(regex="[a-c]{3}", whitespace_pattern=" "),
+        Structured(choice=("a", "b")),
+        Structured(grammar='root ::= "a"', disable_additional_properties=True),
+        Structured(json_object=True),
+        Structured(structural_tag='{"type":"structural_tag","format":{"type":"const_string","value":"x"}}'),
+    ],
+    ids=lambda s: s.kind,
+)
+def test_each_constraint_becomes_vllms_under_the_same_names(structured: Structured) -> None:
+    sampling_params = pytest.importorskip("vllm.sampling_params")
+    got = vllm_structured(structured)
+    assert isinstance(got, sampling_params.StructuredOutputsParams)
+    for kind in KINDS:
+        want = structured.value_of(kind)
+        assert getattr(got, kind) == (list(want) if isinstance(want, tuple) else want)
+    for option in ("disable_any_whitespace", "disable_additional_properties", "whitespace_pattern"):
+        assert getattr(got, option) == getattr(structured, option)
 
 
 # --- engine arguments braid would not honour ------------------------------------------------------
@@ -120,3 +151,10 @@ def test_the_refused_names_are_vllms() -> None:
     arg_utils = pytest.importorskip("vllm.engine.arg_utils")
     fields = {field.name for field in dataclasses.fields(arg_utils.AsyncEngineArgs)}
     assert {*ADMISSION, "data_parallel_size"} <= fields
+
+
+def test_vllms_validation_error_is_a_rejection() -> None:
+    exceptions = pytest.importorskip("vllm.exceptions")
+    err = map_error(exceptions.VLLMValidationError("bad grammar", parameter="structured_outputs"))
+    assert isinstance(err, EngineRejected) and (err.status, err.param) == (400, "structured_outputs")
+    assert err.message.startswith("bad grammar")

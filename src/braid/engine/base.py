@@ -32,17 +32,21 @@ Contract:
   from inside the engine's own output processing (so the handler may abort requests). The
   iterator raises the same error when its reader gets there. A failure raised by
   ``open_request`` itself, before the block, is not reported this way; neither is an abort.
+* A structured-output constraint (``SamplingParams.structured_outputs``) is checked with
+  :func:`check_structured` before the response starts, so that a constraint the engine cannot
+  compile is a 400, not an error after a stream's 200.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
-from braid.errors import BraidError
+from braid.errors import BraidError, InvalidRequest
+from braid.structured import Structured
 
 TopLogprobs = Mapping[int, "Logprob"]
 """Logprobs at one position: token id -> logprob, the sampled (or actual prompt) token first."""
@@ -101,6 +105,9 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] | None = None
     allowed_token_ids: tuple[int, ...] | None = None
     bad_words: tuple[str, ...] | None = None
+    structured_outputs: Structured | None = None
+    """The output's constraint (:mod:`braid.structured`), from ``structured_outputs``,
+    ``response_format`` or the deprecated ``guided_*`` fields; vLLM's field of the same name."""
 
 
 @attrs.frozen
@@ -202,3 +209,30 @@ class Engine(Protocol):
         speeds the abort up: each ``open_request`` block still aborts its own request on exit.
         """
         ...
+
+    # Optional: ``check_structured(self, params: SamplingParams) -> None``, see check_structured.
+
+
+@runtime_checkable
+class StructuredChecker(Protocol):
+    """An engine that supports structured output (see :func:`check_structured`)."""
+
+    def check_structured(self, params: SamplingParams) -> None: ...
+
+
+def check_structured(engine: Engine, params: SamplingParams) -> None:
+    """Refuse, before anything is committed, a structured-output constraint the engine cannot run.
+
+    An engine that supports structured output has a method ``check_structured(params)``: it
+    returns if the engine can compile ``params.structured_outputs`` (it is not None), and raises
+    :class:`~braid.errors.InvalidRequest` naming the field otherwise (a regex or schema its backend
+    refuses, a kind it does not implement). It must be quick (it runs on the Trio thread, for
+    each request that has a constraint) and must not change the engine's state. An engine without
+    the method refuses every constraint. Requests without one are not checked.
+    """
+    structured = params.structured_outputs
+    if structured is None:
+        return
+    if not isinstance(engine, StructuredChecker):
+        raise InvalidRequest("This engine does not support structured output.", param=structured.source)
+    engine.check_structured(params)

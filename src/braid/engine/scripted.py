@@ -6,7 +6,14 @@ drawn from lower-case letters and the space, so every token decodes to one chara
 
 Choice ``k`` of a request generates a seeded function of (seed, prompt ids, k, step); with
 ``temperature == 0`` every choice is the same greedy sequence. Unless ``ignore_eos``, a step
-after ``min_tokens`` emits EOS with probability 1/24. Stop strings (with vLLM's hold-back of
+after ``min_tokens`` emits EOS with probability 1/24.
+
+Structured output: only a ``choice`` constraint, of ASCII strings (one byte token per character).
+Choice ``k`` emits one of the strings, picked by the same seeded function of (seed, prompt ids,
+k), then EOS (whatever ``ignore_eos`` and ``min_tokens`` say: the constraint allows nothing
+more, as a grammar that is complete allows only EOS in vLLM); ``max_tokens`` and stop strings cut
+it as they cut any text. :meth:`ScriptedEngine.check_structured` refuses every other constraint
+with a 400. Stop strings (with vLLM's hold-back of
 text that may still become a stop string), stop token ids, ``logprobs`` and ``prompt_logprobs``
 are honoured; the other sampling parameters (top_p, penalties, logit_bias...) are accepted and
 have no effect here.
@@ -61,9 +68,10 @@ from braid.engine.base import (
     FailureHandler,
     Logprob,
     ModelInfo,
+    SamplingParams,
     TopLogprobs,
 )
-from braid.errors import BraidError, EngineError, EngineRejected, EngineUnavailable
+from braid.errors import BraidError, EngineError, EngineRejected, EngineUnavailable, InvalidRequest
 
 BOS, EOS, PAD = 0, 1, 2
 _SPECIAL = {BOS: "<s>", EOS: "</s>", PAD: "<pad>"}
@@ -174,6 +182,11 @@ class _Generation:
     def _next_token(self, choice: _Choice) -> int:
         p = self.request.params
         k = choice.k if p.temperature > 0 else 0
+        if p.structured_outputs is not None and p.structured_outputs.choice is not None:
+            options = p.structured_outputs.choice
+            picked = options[int(_unit("choice", p.seed, self.request.prompt_token_ids, k) * len(options))]
+            data = picked.encode("ascii")  # ASCII only (check_structured): one token per character
+            return data[choice.tokens] + _OFFSET if choice.tokens < len(data) else EOS
         key = (p.seed, self.request.prompt_token_ids, k, choice.tokens)
         if not p.ignore_eos and choice.tokens >= p.min_tokens and _unit("eos", *key) < 1 / 24:
             return EOS
@@ -406,6 +419,22 @@ class ScriptedEngine:
         """Records the batch; each request's own ``open_request`` exit still does the abort."""
         self.batch_aborts.append(tuple(request_ids))
 
+    def check_structured(self, params: SamplingParams) -> None:
+        """Only ``choice``, of ASCII strings (see the module docstring); anything else is a 400."""
+        structured = params.structured_outputs
+        if structured is None:
+            return
+        if structured.choice is None:
+            raise InvalidRequest(
+                f"The scripted engine supports only structured_outputs.choice, not {structured.kind} "
+                f"(from {structured.source}).",
+                param=structured.source,
+            )
+        if not all(c.isascii() for c in structured.choice):
+            raise InvalidRequest(
+                "The scripted engine's choices must be ASCII text (its tokens are bytes).", param=structured.source
+            )
+
     @asynccontextmanager
     async def open_request(
         self, request: EngineRequest, on_failure: FailureHandler | None = None
@@ -414,6 +443,10 @@ class ScriptedEngine:
         (cancellation included) aborts it; nothing here waits for anything on exit."""
         if not self.healthy:
             raise EngineUnavailable("The engine is not running.")
+        try:
+            self.check_structured(request.params)  # braid checks before; a direct caller may not
+        except InvalidRequest as exc:
+            raise EngineRejected(exc.message, param=exc.param) from None
         text = self.tokenizer.decode(request.prompt_token_ids)
         fail = _FAIL.search(text)
         gen = _Generation(

@@ -29,6 +29,7 @@ from braid.engine.vllm_common import (
     CPU_ENGINE_ARGS,
     HfTokenizer,
     check_engine_args,
+    check_structured,
     engine_outputs,
     fail_after,
     is_cpu_build,
@@ -73,6 +74,11 @@ class VllmEngine:
 
     def _params(self, p: SamplingParams, *, final_only: bool = False) -> Any:
         return vllm_sampling_params(self._params_cls, self._kind, p, final_only=final_only)
+
+    def check_structured(self, params: SamplingParams) -> None:
+        # The input processor is only read here (its config and tokenizer), so calling it from
+        # the Trio thread while the asyncio thread uses it is safe.
+        check_structured(self.llm.input_processor, self._params_cls, params)
 
     def abort_requests(self, request_ids: Sequence[str]) -> None:
         # One AsyncLLM.abort for the batch: vLLM drops them from its output processor and sends

@@ -40,8 +40,15 @@ from typing import Any
 import attrs
 import trio
 
-from braid.engine.base import EngineOutput, EngineRequest, FailureHandler, ModelInfo
-from braid.engine.vllm_common import HfTokenizer, engine_outputs, fail_after, map_error, vllm_sampling_params
+from braid.engine.base import EngineOutput, EngineRequest, FailureHandler, ModelInfo, SamplingParams
+from braid.engine.vllm_common import (
+    HfTokenizer,
+    check_structured,
+    engine_outputs,
+    fail_after,
+    map_error,
+    vllm_sampling_params,
+)
 from braid.errors import BraidError, EngineError, EngineUnavailable
 
 log = logging.getLogger("braid.engine")
@@ -240,6 +247,9 @@ class VllmCoreEngine:
         return result
 
     # -- requests ------------------------------------------------------------------------------
+
+    def check_structured(self, params: SamplingParams) -> None:
+        check_structured(self.input_processor, self._params_cls, params)
 
     @asynccontextmanager
     async def open_request(

@@ -28,7 +28,7 @@ from braid.chat import echo_text, response_role
 from braid.chat_merge import ChatResponseCollector, ChatShape, ChatStreamMerger
 from braid.chat_request import parse_chat
 from braid.encode import error_body
-from braid.engine.base import Engine
+from braid.engine.base import Engine, check_structured
 from braid.errors import (
     BraidError,
     DeadlineExceeded,
@@ -191,7 +191,7 @@ async def _chat(
         with trio.move_on_at(deadline):
             texts = await render_conversations(chat, state.engine.tokenizer, state.tokenize_limiter)
         _check_deadline(deadline, state.settings.request_timeout)
-        req = build_request(chat.body, tuple(TextPrompt(t) for t in texts), state.limits)
+        req = build_request(chat.body, tuple(TextPrompt(t) for t in texts), state.limits, chat.structured)
         try:
             plan = await _plan(state, req, request_id, deadline, "chatcmpl")
         except InvalidRequest as err:
@@ -248,6 +248,7 @@ async def _plan(state: AppState, req: CompletionRequest, request_id: str | None,
     engine, settings, info = state.engine, state.settings, state.engine.info
     if req.model is not None and req.model != info.name:
         raise ModelNotFound(f"The model `{req.model}` does not exist.", param="model")
+    check_structured(engine, req.sampling)  # a constraint the engine cannot compile: 400, not a stream
     state.admission.check_cost(req.sampling.n)
     rid = request_id or req.request_id
     # The response id may be the client's own; the engine's ids must be unique, because a
