@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import attrs
+import msgspec
 import pytest
 
 from braid.engine.base import SamplingParams
@@ -16,6 +17,7 @@ from braid.request import (
     Limits,
     TextPrompt,
     TokenPrompt,
+    decode_body,
     parse_prompts,
     parse_request,
 )
@@ -522,3 +524,20 @@ def test_echo_with_logprobs_requests_prompt_logprobs(fields: dict, prompt_logpro
 def test_stream_usage_options(stream_options: dict | None, include: bool, continuous: bool) -> None:
     req = parse(stream=True, stream_options=stream_options)
     assert (req.include_usage, req.continuous_usage) == (include, continuous)
+
+
+class _Inner(msgspec.Struct):
+    name: str
+
+
+class _Outer(msgspec.Struct):
+    tokens: list[int]
+    inner: list[_Inner] = []
+
+
+def test_a_missing_required_field_is_named_by_its_own_location() -> None:
+    decoder = msgspec.json.Decoder(_Outer)
+    for body, param in ((b"{}", "body.tokens"), (b'{"tokens": [], "inner": [{}]}', "body.inner.0.name")):
+        with pytest.raises(SchemaError) as info:
+            decode_body(body, decoder)
+        assert info.value.param == param  # as pydantic locates a missing field

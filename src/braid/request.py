@@ -156,6 +156,7 @@ class CompletionBody(msgspec.Struct):
 
 _DECODER = msgspec.json.Decoder(CompletionBody)
 _PATH = re.compile(r" - at `\$\.?([^`]*)`$")
+_MISSING = re.compile(r"^Object missing required field `([^`]*)`")
 
 
 @attrs.frozen
@@ -191,13 +192,17 @@ def _schema(message: str, param: str | None = None) -> SchemaError:
 
 def decode_body(body: bytes, decoder: msgspec.json.Decoder[Any] = _DECODER) -> Any:
     """The body as ``decoder``'s Struct (a :class:`CompletionBody` by default), or a
-    :class:`~braid.errors.SchemaError` naming the field as vLLM's pydantic layer does."""
+    :class:`~braid.errors.SchemaError` naming the field as vLLM's pydantic layer does (a missing
+    required field by its own location: ``body.tokens``, ``body.tools.0.function``)."""
     try:
         return decoder.decode(body)
     except msgspec.ValidationError as exc:
         text = str(exc)
         m = _PATH.search(text)
-        raise SchemaError(f"Invalid request body: {text}", param=_loc(m.group(1) if m else None, body)) from None
+        loc = _loc(m.group(1) if m else None, body)
+        if missing := _MISSING.match(text):
+            loc = f"{loc}.{missing.group(1)}"  # pydantic names the missing field itself
+        raise SchemaError(f"Invalid request body: {text}", param=loc) from None
     except msgspec.DecodeError as exc:
         raise SchemaError(f"The request body is not valid JSON: {exc}", param=_json_error_loc(body)) from None
 

@@ -223,6 +223,22 @@ class Version(_Strict):
     version: str
 
 
+class Tokenize(_Strict):
+    """``POST /tokenize``'s answer, in vLLM's field order."""
+
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None
+    """Each token as the vocabulary spells it, with ``return_token_strs``; else null."""
+
+
+class Detokenize(_Strict):
+    """``POST /detokenize``'s answer: the ids decoded, special tokens spelled out."""
+
+    prompt: str
+
+
 __all__ = [
     "ChatChoice",
     "ChatChunk",
@@ -237,6 +253,7 @@ __all__ = [
     "CompletionChoice",
     "CompletionChunk",
     "CompletionChunkChoice",
+    "Detokenize",
     "Error",
     "ErrorDetail",
     "Logprobs",
@@ -244,6 +261,7 @@ __all__ = [
     "ModelList",
     "PromptLogprob",
     "PromptTokensDetails",
+    "Tokenize",
     "Usage",
     "Version",
 ]

@@ -20,6 +20,8 @@ BODIES = {
     "/v1/completions": BODY,
     "/v1/chat/completions": json.dumps({"messages": _CHAT, "max_tokens": 2}).encode(),
     "/v1/chat/completions/batch": json.dumps({"messages": [_CHAT, _CHAT], "max_tokens": 2}).encode(),
+    "/tokenize": json.dumps({"messages": _CHAT}).encode(),
+    "/detokenize": json.dumps({"tokens": [75, 108]}).encode(),
 }
 
 
@@ -65,6 +67,8 @@ ROUTES = [
     ("POST", "/v1/completions"),
     ("POST", "/v1/chat/completions"),
     ("POST", "/v1/chat/completions/batch"),
+    ("POST", "/tokenize"),
+    ("POST", "/detokenize"),
     ("GET", "/v1/models"),
     ("GET", "/version"),
     ("GET", "/metrics"),

@@ -158,7 +158,13 @@ def test_every_route_conforms_to_the_document(keys: bool) -> None:
         operations = {f"{method.upper()} {path}" for path, item in document["paths"].items() for method in item}
         assert run.tested == dict.fromkeys(("examples", "coverage", "fuzzing"), operations) | {
             # the operations with examples
-            "examples": {"POST /v1/completions", "POST /v1/chat/completions", "POST /v1/chat/completions/batch"}
+            "examples": {
+                "POST /v1/completions",
+                "POST /v1/chat/completions",
+                "POST /v1/chat/completions/batch",
+                "POST /tokenize",
+                "POST /detokenize",
+            }
         }
         assert server.live.engine.finished_total > 0, "no request reached the engine"
         # The client has every answer; a run may still be closing on the server's side.

@@ -146,6 +146,10 @@ FailureHandler = Callable[[BraidError], None]
 
 
 class Tokenizer(Protocol):
+    """A model's tokenizer, used on the Trio thread. ``decode``, ``token_strs`` and
+    ``apply_chat_template`` only read it, so braid also calls them from its one tokenizing
+    thread (braid.tokenize, braid.http.tokenize_view) while the Trio thread goes on using it."""
+
     @property
     def vocab_size(self) -> int: ...
 
@@ -167,6 +171,11 @@ class Tokenizer(Protocol):
 
     def token_text(self, token_id: int) -> str:
         """The text of one token as logprobs show it (special tokens included)."""
+        ...
+
+    def token_strs(self, token_ids: Sequence[int]) -> list[str]:
+        """Each token as the vocabulary spells it (Hugging Face's ``convert_ids_to_tokens``:
+        a byte-level BPE's ``"Ġw"``, not the text ``" w"``): ``token_strs`` of ``POST /tokenize``."""
         ...
 
     def apply_chat_template(

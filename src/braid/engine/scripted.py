@@ -110,6 +110,15 @@ class ByteTokenizer:
             return _SPECIAL[token_id]
         return bytes([token_id - _OFFSET]).decode("utf-8", errors="replace")
 
+    def token_strs(self, token_ids: Sequence[int]) -> list[str]:
+        """Special tokens by name, printable ASCII bytes as themselves, other bytes as ``<0xNN>``
+        (a byte-fallback vocabulary's spelling)."""
+        out = []
+        for t in token_ids:
+            b = t - _OFFSET
+            out.append(_SPECIAL[t] if t < _OFFSET else chr(b) if 0x20 <= b < 0x7F else f"<0x{b:02X}>")
+        return out
+
     def apply_chat_template(
         self,
         messages: list[dict[str, Any]],

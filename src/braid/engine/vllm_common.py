@@ -138,6 +138,10 @@ class HfTokenizer:
     def token_text(self, token_id: int) -> str:
         return self._tok.decode([token_id])
 
+    def token_strs(self, token_ids: Sequence[int]) -> list[str]:
+        # None for an id the tokenizer does not know (a model may have more ids than its tokenizer)
+        return [t or "" for t in self._tok.convert_ids_to_tokens(list(token_ids))]
+
     def apply_chat_template(
         self,
         messages: list[dict[str, Any]],

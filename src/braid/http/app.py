@@ -1,13 +1,14 @@
 """The quart-trio app: routes and error rendering.
 
-The completions view is :func:`braid.http.view.completions`, quart-free; the route here reads the
-body (within the limits of :mod:`braid.http.limits`), calls it, and turns its answer into a quart
-``Response`` (a JSON body, or the ``CompletionStream`` as a ``text/event-stream`` body without
-quart's response timeout). The handlers below render what escapes a view: a
-:class:`~braid.errors.BraidError` as its JSON error, werkzeug's HTTP errors (e.g. an unknown route)
-in vLLM's format, anything else as a 500. API keys (:mod:`braid.http.auth`) and CORS
-(:mod:`braid.http.cors`) wrap the app's ASGI callable, so they run before any route is matched;
-so do the status counter, the access log and the forwarded-headers fix, in that order outwards.
+The completions view is :func:`braid.http.view.completions`, quart-free (the tokenize routes':
+:mod:`braid.http.tokenize_view`); the route here reads the body (within the limits of
+:mod:`braid.http.limits`), calls it, and turns its answer into a quart ``Response`` (a JSON
+body, or the ``CompletionStream`` as a ``text/event-stream`` body without quart's response
+timeout). The handlers below render what escapes a view: a :class:`~braid.errors.BraidError` as
+its JSON error, werkzeug's HTTP errors (e.g. an unknown route) in vLLM's format, anything else
+as a 500. API keys (:mod:`braid.http.auth`) and CORS (:mod:`braid.http.cors`) wrap the app's
+ASGI callable, so they run before any route is matched; so do the status counter, the access
+log and the forwarded-headers fix, in that order outwards.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from braid import responses
 from braid.encode import error_body
 from braid.engine.base import Engine
 from braid.errors import BraidError, error_payload
-from braid.http import access_log, auth, cors, counting, forwarded, limits, openapi, view
+from braid.http import access_log, auth, cors, counting, forwarded, limits, openapi, tokenize_view, view
 from braid.http.body import CompletionStream
 from braid.http.view import AppState, JsonResponse
 from braid.metrics import Metrics
@@ -67,6 +68,8 @@ ROUTES = frozenset(
         "/v1/completions",
         "/v1/chat/completions",
         "/v1/chat/completions/batch",
+        "/tokenize",
+        "/detokenize",
         "/v1/models",
         "/health",
         "/version",
@@ -171,6 +174,19 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
     @app.post("/v1/chat/completions/batch")
     async def chat_completions_batch() -> Response:
         return await chat(batch=True)
+
+    async def read_body() -> bytes:
+        return await limits.read_body(request, settings)
+
+    @app.post("/tokenize")
+    async def tokenize() -> Response:
+        result = await tokenize_view.tokenize(state, read_body, content_type=request.headers.get("Content-Type"))
+        return _answer(result, request.headers.get("X-Request-Id"))
+
+    @app.post("/detokenize")
+    async def detokenize() -> Response:
+        result = await tokenize_view.detokenize(state, read_body, content_type=request.headers.get("Content-Type"))
+        return _answer(result, request.headers.get("X-Request-Id"))
 
     @app.get("/v1/models")
     async def models() -> Response:

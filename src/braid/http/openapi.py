@@ -4,9 +4,9 @@ The contract:
 
 * Every route of the app is in it, with every status it answers on purpose (an unexpected 500
   is a bug, declared nowhere but on ``POST /v1/completions``, where an engine failure is one).
-* The request body's schema is msgspec's JSON schema of
-  :class:`~braid.request.CompletionBody`, the Struct the request decoder decodes, so the two
-  cannot differ. It gives the body's types; the values braid refuses (out of range, or in a
+* A request body's schema is msgspec's JSON schema of the Struct its decoder decodes
+  (:class:`~braid.request.CompletionBody`, :class:`~braid.chat_request.ChatBody`, those of
+  :mod:`braid.tokenize_request`; ``/tokenize``'s is either of its two), so the two cannot differ. It gives the body's types; the values braid refuses (out of range, or in a
   combination it cannot run) are 400s, with the field named in ``error.param``.
 * Response bodies are the Structs of :mod:`braid.responses`; a stream's events are described
   one by one (OpenAPI 3.2's ``itemSchema``): a JSON chunk or error, then ``[DONE]``.
@@ -29,6 +29,7 @@ from braid import errors, responses
 from braid.chat_request import ChatBody
 from braid.request import CompletionBody
 from braid.settings import Settings
+from braid.tokenize_request import DetokenizeBody, TokenizeChatBody, TokenizePromptBody
 
 OPENAPI_VERSION = "3.2.0"
 """3.2 for ``itemSchema``, the schema of each event of a ``text/event-stream`` response."""
@@ -185,8 +186,58 @@ def _operations() -> tuple[_Operation, ...]:
             ),
         )
     )
+    tokenize_errors = _errors(
+        errors.InvalidRequest,
+        errors.SchemaError,
+        errors.ModelNotFound,
+        errors.DeadlineExceeded,
+        errors.BodyTimeout,
+        errors.BodyTooLarge,
+    )
+    tokenize_ops = (
+        _Operation(
+            "post",
+            "/tokenize",
+            "Token ids of a text, or of a conversation as the chat template renders it (vLLM's route)",
+            (
+                _Outcome(200, "The token ids.", {"application/json": {"schema": _ref(responses.Tokenize)}}),
+                *tokenize_errors,
+            ),
+            request={
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {"anyOf": [_ref(TokenizePromptBody), _ref(TokenizeChatBody)]},
+                        "examples": {
+                            "text": {"value": {"prompt": "Hello world", "return_token_strs": True}},
+                            "chat": {"value": {"messages": [{"role": "user", "content": "Hi"}]}},
+                        },
+                    }
+                },
+            },
+        ),
+        _Operation(
+            "post",
+            "/detokenize",
+            "The text of token ids (vLLM's route)",
+            (
+                _Outcome(200, "The text.", {"application/json": {"schema": _ref(responses.Detokenize)}}),
+                *tokenize_errors,
+            ),
+            request={
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": _ref(DetokenizeBody),
+                        "examples": {"example": {"value": {"tokens": [0, 75, 108, 111]}}},
+                    }
+                },
+            },
+        ),
+    )
     return (
         *chat_ops,
+        *tokenize_ops,
         _Operation(
             "post",
             "/v1/completions",
@@ -268,6 +319,9 @@ def _components() -> dict[str, JsonSchema]:
     structs: Sequence[type[msgspec.Struct]] = (
         CompletionBody,
         ChatBody,
+        TokenizePromptBody,
+        TokenizeChatBody,
+        DetokenizeBody,
         responses.ChatCompletion,
         responses.ChatChunk,
         responses.Completion,
@@ -275,6 +329,8 @@ def _components() -> dict[str, JsonSchema]:
         responses.Error,
         responses.ModelList,
         responses.Version,
+        responses.Tokenize,
+        responses.Detokenize,
     )
     _, schemas = msgspec.json.schema_components(structs, ref_template=_REF)
     # msgspec gives ``prompt`` the default the decoder needs to report a missing prompt itself

@@ -217,8 +217,7 @@ def _admit(state: AppState, content_type: str | None, request_id: str | None) ->
     """The checks that need no body, then admission: the request's ticket and its deadline."""
     timeout = state.settings.request_timeout
     deadline = trio.current_time() + timeout if timeout is not None else math.inf
-    if (content_type or "").partition(";")[0].strip().lower() != "application/json":
-        raise SchemaError("Unsupported Media Type: Only 'application/json' is allowed")
+    require_json(content_type)
     if state.draining or not state.engine.healthy:
         raise EngineUnavailable(
             "The server is shutting down." if state.draining else "The engine is not running.",
@@ -236,6 +235,12 @@ def _admit(state: AppState, content_type: str | None, request_id: str | None) ->
     except BraidError:
         state.metrics.rejected.inc()
         raise
+
+
+def require_json(content_type: str | None) -> None:
+    """A POST body must be declared JSON: vLLM's 400 (its pydantic layer's "Bad Request") otherwise."""
+    if (content_type or "").partition(";")[0].strip().lower() != "application/json":
+        raise SchemaError("Unsupported Media Type: Only 'application/json' is allowed")
 
 
 def _check_deadline(deadline: float, timeout: float | None) -> None:
@@ -314,4 +319,4 @@ def error_headers(err: BraidError) -> tuple[tuple[str, str], ...]:
     return (("Retry-After", str(err.retry_after)),) if err.retry_after is not None else ()
 
 
-__all__ = ["AppState", "JsonResponse", "chat_completions", "completions", "error_headers"]
+__all__ = ["AppState", "JsonResponse", "chat_completions", "completions", "error_headers", "require_json"]
