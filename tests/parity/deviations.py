@@ -54,6 +54,15 @@ def _eager_validation(braid: View, vllm: View) -> list[str]:
     return problems
 
 
+def _detokenize_vocabulary(braid: View, vllm: View) -> list[str]:
+    problems = []
+    if vllm["status"] != 200:
+        problems.append(f"vLLM no longer drops an out-of-vocabulary id: status {vllm['status']}")
+    if braid["status"] != 400 or braid.get("error", {}).get("param") != "tokens":
+        problems.append(f"braid should refuse the id with a 400 naming tokens, got {braid}")
+    return problems
+
+
 def _unsupported_fields(braid: View, vllm: View) -> list[str]:
     """vLLM honours the field; braid refuses it with a 400 naming it, never ignoring it."""
     problems = []
@@ -153,6 +162,11 @@ DEVIATIONS: dict[str, Deviation] = {
             "unsupported_fields",
             "an output-changing field braid does not implement is refused, not ignored",
             _views(_unsupported_fields),
+        ),
+        Deviation(
+            "detokenize_vocabulary",
+            "/detokenize refuses an id outside the vocabulary (vLLM drops it silently)",
+            _views(_detokenize_vocabulary),
         ),
         Deviation(
             "batch_chat_n",
