@@ -68,3 +68,38 @@ def test_batched_chat_streams_with_n(vllm_server: VllmServer) -> None:
         texts[c["index"]] = texts.get(c["index"], "") + c["delta"]["content"]
     assert texts == {c["index"]: c["message"]["content"] for c in whole["choices"]}
     vllm_server.wait_engine_idle()
+
+
+def test_openai_client_response_format_json_schema_parses(vllm_server: VllmServer) -> None:
+    """A bounded schema with no place for whitespace: left to itself the tiny model fills the
+    JSON grammar's optional whitespace (after a key, after a colon) with newlines or spaces
+    until max_tokens, even with vLLM's ``disable_any_whitespace`` (tried: the same on vLLM's
+    own server, which shares the engine). A string enum has no such place."""
+    import json
+
+    schema = {"type": "string", "enum": ["yes", "no", "maybe"]}
+    client = openai.OpenAI(base_url=vllm_server.url + "/v1", api_key="unused", max_retries=0)
+    for stream in (False, True):
+        kwargs: dict[str, Any] = {
+            "model": vllm_server.model,
+            "messages": MESSAGES,
+            "max_tokens": 16,
+            "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}},
+        }
+        if stream:
+            text = "".join(
+                c.choices[0].delta.content or ""
+                for c in client.chat.completions.create(**kwargs, stream=True)
+                if c.choices
+            )
+        else:
+            text = client.chat.completions.create(**kwargs).choices[0].message.content or ""
+        assert json.loads(text) in ("yes", "no", "maybe"), text
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(
+            model=vllm_server.model,
+            messages=MESSAGES,
+            max_tokens=4,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}},
+        )
