@@ -126,7 +126,8 @@ async def _completions(
 ) -> JsonResponse | CompletionStream:
     engine, settings = state.engine, state.settings
     timeout = settings.request_timeout
-    deadline = trio.current_time() + timeout if timeout is not None else math.inf
+    arrived = trio.current_time()  # where the deadline and the latency histograms start
+    deadline = arrived + timeout if timeout is not None else math.inf
     info = engine.info
     if (content_type or "").partition(";")[0].strip().lower() != "application/json":
         raise SchemaError("Unsupported Media Type: Only 'application/json' is allowed")
@@ -175,12 +176,22 @@ async def _completions(
         ticket.close()
         raise
     state.metrics.prompts.observe(len(plan.items))
-    run = CompletionRun(engine, plan, state.metrics, settings, ticket=ticket, deadline=deadline)
+    run = CompletionRun(
+        engine,
+        plan,
+        state.metrics,
+        settings,
+        ticket=ticket,
+        deadline=deadline,
+        arrived=arrived,
+        draining=lambda: state.draining,
+    )
     if plan.stream:
         stream = CompletionStream(run, StreamMerger(plan, engine.tokenizer))
         # The run closes the ticket when it ends; a stream that is never started (its client
-        # went away before quart sent it) must not keep its place in the queue.
-        weakref.finalize(stream, ticket.close)
+        # went away before quart sent it) must not keep its place in the queue, and its prompts
+        # are counted as dropped.
+        weakref.finalize(stream, run.discard)
         return stream
     collector = ResponseCollector(plan, engine.tokenizer)
     async with run:
