@@ -136,7 +136,7 @@ class Sample:
     in_flight: float  # engine requests braid is driving
     received: int  # bytes received by the slow readers so far, all clients
     open_streams: int  # slow readers that have received their 200 response head
-    aborts: float  # braid_engine_aborts_total so far (the control client should be the only one)
+    aborts: float  # braid_engine_aborts_total so far, all causes (the control client should be the only one)
 
 
 def _drain(readers: list[Reader], deadline: float) -> None:

@@ -19,6 +19,7 @@ import attrs
 import httpx
 import pytest
 import trio
+from prometheus_client import CollectorRegistry
 
 from braid.engine.base import EngineOutput
 from braid.engine.scripted import VOCAB_SIZE, ByteTokenizer, ScriptedEngine
@@ -56,6 +57,19 @@ def parse_sse(raw: bytes) -> list[Any]:
     return events
 
 
+# --- metrics --------------------------------------------------------------------------------------
+
+
+def aborts(registry: CollectorRegistry) -> dict[str, float]:
+    """``braid_engine_aborts_total`` by cause, the causes that counted none left out."""
+    return {
+        s.labels["cause"]: s.value
+        for m in registry.collect()
+        for s in m.samples
+        if s.name == "braid_engine_aborts_total" and s.value
+    }
+
+
 # --- braid on a live server -----------------------------------------------------------------------
 
 
@@ -68,8 +82,12 @@ class LiveServer:
     stopped: trio.Event
     """Set when ``serve`` has returned (after a drain: every connection closed)."""
 
-    def gauge(self, name: str) -> float:
-        return self.app.state.metrics.registry.get_sample_value(name) or 0.0
+    def gauge(self, name: str, **labels: str) -> float:
+        return self.app.state.metrics.registry.get_sample_value(name, labels) or 0.0
+
+    def aborts(self) -> dict[str, float]:
+        """``braid_engine_aborts_total`` by cause, the causes that counted none left out."""
+        return aborts(self.app.state.metrics.registry)
 
     async def wait_idle(self, within: float) -> float:
         """Wait until no engine request is in flight; return how long that took (fails past ``within``)."""

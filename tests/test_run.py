@@ -13,6 +13,7 @@ from braid.plan import Plan, make_plan
 from braid.request import Limits, parse_request
 from braid.run import CompletionRun
 from braid.settings import Settings
+from tests.helpers import aborts
 
 
 def plan_for(engine: ScriptedEngine, body: bytes) -> Plan:
@@ -51,7 +52,7 @@ async def test_cancelling_the_run_aborts_every_request_once(autojump_clock: trio
     assert engine.in_flight == 0
     assert sorted(engine.aborted_ids) == [f"cmpl-t-{i}" for i in range(4)]
     assert engine.batch_aborts == [tuple(f"cmpl-t-{i}" for i in range(4))]  # one call, before the drivers unwound
-    assert metrics.registry.get_sample_value("braid_engine_aborts_total") == 4
+    assert aborts(metrics.registry) == {"disconnect": 4}
     assert metrics.registry.get_sample_value("braid_engine_requests_in_flight") == 0
 
 
@@ -95,7 +96,7 @@ async def test_a_finished_run_leaves_no_request_behind() -> None:
                 break
     assert engine.finished_total == 3 and engine.aborted_total == 0 and engine.in_flight == 0
     assert engine.batch_aborts == []
-    assert metrics.registry.get_sample_value("braid_engine_aborts_total") == 0
+    assert aborts(metrics.registry) == {}
 
 
 async def test_a_large_batch_opens_its_requests_a_chunk_per_scheduler_round(
@@ -166,7 +167,7 @@ async def test_a_failure_aborts_siblings_while_every_driver_is_blocked(autojump_
         assert trio.current_time() == failed_at[0]  # no virtual time passed
         assert isinstance(run.error, EngineError)
     assert metrics.registry.get_sample_value("braid_engine_errors_total") == 1
-    assert metrics.registry.get_sample_value("braid_engine_aborts_total") == 7
+    assert aborts(metrics.registry) == {"error": 7}
 
 
 async def test_leaving_a_failed_run_raises_its_error_not_a_group() -> None:

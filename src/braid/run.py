@@ -34,6 +34,13 @@
 * With a ``deadline`` (``--request-timeout``, on Trio's clock) the drivers and the slot wait are
   cancelled when it passes, and the run fails with :class:`~braid.errors.DeadlineExceeded`.
 
+* Metrics (:mod:`braid.metrics`): each driver times its engine request from ``arrived`` (the
+  HTTP request's arrival) with a :class:`~braid.metrics.TokenTimer` and counts its end: finished
+  (``braid_e2e_request_latency_seconds``), failed in the engine (``braid_engine_errors_total``)
+  or aborted (``braid_engine_aborts_total{cause}``, the cause read when the driver ends, see
+  :meth:`CompletionRun._abort_cause`). Prompts that never reached the engine are counted as
+  aborted for ``queue`` when the run ends (or is discarded unentered, :meth:`discard`).
+
 * A streaming run owns its stream's :class:`~braid.heartbeat.Heartbeat`: it starts the heartbeat's
   clock in the outer nursery with a clone of the channel, and stops it when the drivers are done.
 * Leaving ``async with`` raises the run's own exception, not the nursery's group around it: the
@@ -46,7 +53,7 @@ The two nurseries are needed because cancelling a nursery's scope also cancels t
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractAsyncContextManager, contextmanager
 
 import attrs
@@ -54,9 +61,9 @@ import trio
 
 from braid.admit import Ticket
 from braid.engine.base import Engine, EngineOutput
-from braid.errors import BraidError, DeadlineExceeded, StreamStalled
+from braid.errors import BraidError, DeadlineExceeded, DrainTimeout, StreamStalled
 from braid.heartbeat import Heartbeat, Tick
-from braid.metrics import Metrics
+from braid.metrics import AbortCause, Metrics, TokenTimer
 from braid.plan import Plan, PlanItem
 from braid.settings import Settings
 
@@ -83,6 +90,12 @@ class CompletionRun:
     live: set[CompletionRun] | None = None
     """The server's set of open runs: the run is in it between ``__aenter__`` and ``__aexit__``,
     so a drain that runs out of time can end each one with :meth:`abort_all`."""
+    arrived: float | None = None
+    """When the HTTP request arrived (Trio's clock), where the latency histograms start; None:
+    when the run is entered."""
+    draining: Callable[[], bool] = lambda: False
+    """Whether the server is draining: asked when the run is cancelled from outside, to count its
+    aborts as ``drain`` rather than ``disconnect`` (the HTTP layer's state, passed in)."""
     heartbeat: Heartbeat | None = attrs.field(init=False)
     """The stream's heartbeat (a streaming plan's run only)."""
     error: BraidError | None = None
@@ -92,11 +105,17 @@ class CompletionRun:
     _recv: trio.MemoryReceiveChannel[Arrival | Tick] | None = None
     _open_ids: set[str] = attrs.Factory(set)  # engine requests opened and not yet finished
     _cancelled: bool = False
+    _entered: bool = False
+    _reached: int = 0  # prompts whose engine request was opened (or refused by the engine)
+    _exit_error: bool = False  # left with an exception that is not a cancellation
 
     def __attrs_post_init__(self) -> None:
         self.heartbeat = Heartbeat(self.settings.heartbeat) if self.plan.stream else None
 
     async def __aenter__(self) -> CompletionRun:
+        self._entered = True
+        if self.arrived is None:
+            self.arrived = trio.current_time()
         send, self._recv = trio.open_memory_channel[Arrival | Tick](self.settings.buffer)
         self._outer_cm = trio.open_nursery()
         self._outer = await self._outer_cm.__aenter__()
@@ -113,6 +132,8 @@ class CompletionRun:
 
     async def __aexit__(self, exc_type, exc, tb) -> bool | None:  # type: ignore[no-untyped-def]
         assert self._inner is not None and self._outer_cm is not None and self._recv is not None
+        if exc is not None and not isinstance(exc, trio.Cancelled):
+            self._exit_error = True  # before the drivers are cancelled: it is their abort's cause
         if exc is not None or self.error is not None:
             self._cancel_drivers()
         try:
@@ -125,6 +146,39 @@ class CompletionRun:
                 self.ticket.close()
             if self.live is not None:
                 self.live.discard(self)
+            self._count_dropped()
+
+    def discard(self) -> None:
+        """Give up a run that was never entered (a stream quart never sent): close its ticket and
+        count its prompts as dropped from the queue. Does nothing more for a run that was entered."""
+        if self.ticket is not None:
+            self.ticket.close()
+        if not self._entered:
+            self._entered = True  # once
+            self._count_dropped()
+
+    def _count_dropped(self) -> None:
+        """The prompts that never reached the engine, counted once the run is over."""
+        dropped = len(self.plan.items) - self._reached
+        if dropped:
+            self.metrics.abort("queue", dropped)
+
+    def _abort_cause(self) -> AbortCause:
+        """Why an engine request of this run that ends unfinished, and not failed, was aborted.
+
+        Asked as its driver ends. The run's error, when it has one, names the cause. The deadline
+        cancels the drivers before its error is set (the supervisor sets it once they are done),
+        so a deadline that has passed is the cause next. Else the run was left: with an exception
+        (the consumer's error), or by a cancellation from outside, which is the client's unless
+        the server is draining.
+        """
+        if self.error is not None:
+            return _cause_of(self.error)
+        if self._exit_error:
+            return "error"
+        if trio.current_time() >= self.deadline:
+            return "timeout"
+        return "drain" if self.draining() else "disconnect"
 
     def abort_all(self, error: BraidError) -> None:
         """Fail the run with ``error`` (the first error wins) and abort every driver now.
@@ -190,6 +244,11 @@ class CompletionRun:
         finished = False
         failed = False  # the engine ended this request itself: an error, not an abort
         request_id = item.request.request_id
+        assert self.arrived is not None  # set on entering the run
+        arrived = self.arrived
+        clock = trio.lowlevel.current_clock().current_time  # trio.current_time without its lookups
+        # A final_only request's one output holds the whole completion: no token to time.
+        timer = None if item.request.final_only else TokenTimer(m, arrived, item.request.params.n)
 
         def on_failure(err: BraidError) -> None:
             # The engine knows before this driver does when the driver is blocked on a full
@@ -204,12 +263,18 @@ class CompletionRun:
             await trio.lowlevel.checkpoint_if_cancelled()
             m.in_flight.inc()
             m.engine_requests.inc()
+            self._reached += 1
             self._open_ids.add(request_id)
             try:
                 async with self.engine.open_request(item.request, on_failure) as outputs:
                     try:
                         async for output in outputs:
                             finished = output.finished
+                            now = clock()
+                            if timer is not None:
+                                timer.seen(output.choices, now)
+                            if finished:
+                                m.e2e_latency.observe(now - arrived)
                             arrival = (item.prompt_idx, output)
                             try:
                                 send.send_nowait(arrival)  # the usual case; the engine loop checkpoints
@@ -236,7 +301,7 @@ class CompletionRun:
                 if failed:
                     m.engine_errors.inc()
                 elif not finished:
-                    m.aborts.inc()
+                    m.abort(self._abort_cause())
 
     @contextmanager
     def _slots(self) -> Iterator[None]:
@@ -305,6 +370,16 @@ class CompletionRun:
                 batch.append(receive_nowait())
         except (trio.WouldBlock, trio.EndOfChannel):
             pass
+
+
+def _cause_of(error: BraidError) -> AbortCause:
+    if isinstance(error, DrainTimeout):
+        return "drain"
+    if isinstance(error, StreamStalled):
+        return "stall"
+    if isinstance(error, DeadlineExceeded):
+        return "timeout"
+    return "error"
 
 
 def _the_exception(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -37,7 +37,7 @@ async def test_stream_disconnect_aborts_all_64(nursery: trio.Nursery) -> None:
         # leaving the block closes the connection mid-stream
         took = await srv.wait_idle(ABORTED_WITHIN)
     assert srv.engine.aborted_total == 64 and len(set(srv.engine.aborted_ids)) == 64
-    assert srv.gauge("braid_engine_aborts_total") == 64
+    assert srv.aborts() == {"disconnect": 64}
     print(f"stream disconnect -> idle in {took * 1000:.1f} ms")
     srv.shutdown.set()
 
@@ -71,6 +71,7 @@ async def test_non_stream_error_is_one_error_response(nursery: trio.Nursery) -> 
     assert r.status_code == 500
     assert r.json()["error"]["type"] == "InternalServerError"
     assert srv.engine.in_flight == 0 and srv.engine.aborted_total == 3
+    assert srv.aborts() == {"error": 3}
     srv.shutdown.set()
 
 
@@ -85,7 +86,7 @@ async def test_non_stream_disconnect_aborts_all(nursery: trio.Nursery) -> None:
                 await trio.sleep(0.01)
         inner.cancel_scope.cancel()
     took = await srv.wait_idle(ABORTED_WITHIN)
-    assert srv.engine.aborted_total == 64
+    assert srv.engine.aborted_total == 64 and srv.aborts() == {"disconnect": 64}
     print(f"non-stream disconnect -> idle in {took * 1000:.1f} ms")
     srv.shutdown.set()
 
@@ -108,6 +109,7 @@ async def test_client_that_stops_reading_is_aborted_after_stall_timeout(nursery:
         while srv.engine.aborted_total < 4:
             await trio.sleep(0.01)
     assert srv.engine.in_flight == 0 and srv.engine.finished_total == 0
+    assert srv.aborts() == {"stall": 4}
     await stream.aclose()
     srv.shutdown.set()
 
@@ -147,6 +149,7 @@ async def test_a_drain_ends_streams_that_outlast_it_with_an_error_event(nursery:
     assert (error["code"], error["type"]) == (503, "ServiceUnavailableError") and "shut down" in error["message"]
     assert all("error" not in e for e in events[:-2] if isinstance(e, dict))
     assert srv.engine.in_flight == 0 and srv.engine.aborted_total == 8
+    assert srv.aborts() == {"drain": 8}  # ended by the drain's DrainTimeout
     with trio.fail_after(5):
         await srv.stopped.wait()
 
@@ -225,6 +228,6 @@ async def test_a_failure_aborts_the_batch_while_the_client_reads_nothing(nursery
     finally:
         await stream.aclose()  # else a failed check leaves the server's send blocked for ever
     assert srv.engine.aborted_total == 63 and srv.engine.finished_total == 0
-    assert srv.gauge("braid_engine_errors_total") == 1 and srv.gauge("braid_engine_aborts_total") == 63
+    assert srv.gauge("braid_engine_errors_total") == 1 and srv.aborts() == {"error": 63}
     print(f"fail@{fail_at}: in flight 0 within {took * 1000:.1f} ms of the failure (at {failed_at:.2f} s)")
     srv.shutdown.set()

@@ -287,7 +287,11 @@ async def test_models_health_version_metrics(client: httpx.AsyncClient) -> None:
     await client.post("/v1/completions", json={"prompt": ["a", "b", "c"], "max_tokens": 2})
     text = (await client.get("/metrics")).text
     assert "braid_engine_requests_in_flight 0.0" in text
-    assert "braid_engine_aborts_total 0.0" in text
+    for cause in ("disconnect", "error", "stall", "timeout", "drain", "queue"):
+        assert f'braid_engine_aborts_total{{cause="{cause}"}} 0.0' in text
+    # non-streaming: every engine request finished, none timed token by token
+    assert "braid_e2e_request_latency_seconds_count 3.0" in text
+    assert "braid_time_to_first_token_seconds_count 0.0" in text
     assert "braid_engine_requests_total 3.0" in text
 
 

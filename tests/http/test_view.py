@@ -16,7 +16,7 @@ from braid.http.body import CompletionStream
 from braid.http.view import AppState, JsonResponse, completions
 from braid.metrics import Metrics
 from braid.settings import Settings
-from tests.helpers import parse_sse
+from tests.helpers import aborts, parse_sse
 
 JSON = "application/json"
 
@@ -222,6 +222,38 @@ async def test_a_stream_never_started_gives_its_queue_place_back() -> None:
     del r
     gc.collect()
     assert st.admission.queued == 0
+    assert aborts(st.metrics.registry) == {"queue": 2}  # its two prompts never reached the engine
+
+
+async def test_latencies_start_when_the_request_arrives_body_read_included(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    st = state(ScriptedEngine(token_delay=0.25))
+
+    async def slow_body() -> bytes:
+        await trio.sleep(2.0)
+        return body(max_tokens=2, ignore_eos=True, stream=True)
+
+    r = await completions(st, slow_body, content_type=JSON, request_id=None)
+    assert isinstance(r, CompletionStream)
+    await trio.sleep(1.0)  # quart has not started the stream yet
+    await send(r)
+    registry = st.metrics.registry
+    assert registry.get_sample_value("braid_time_to_first_token_seconds_sum") == pytest.approx(2 * 3.25)
+    assert registry.get_sample_value("braid_e2e_request_latency_seconds_sum") == pytest.approx(2 * 3.5)
+
+
+async def test_a_drain_cancelling_a_stream_counts_drain(autojump_clock: trio.testing.MockClock) -> None:
+    st = state(ScriptedEngine(token_delay=0.25))
+    r = await completions(
+        st, read(body(max_tokens=1000, ignore_eos=True, stream=True)), content_type=JSON, request_id=None
+    )
+    assert isinstance(r, CompletionStream)
+    with trio.move_on_after(1.0):
+        async with r as stream:
+            async for _ in stream:
+                st.draining = True
+    assert aborts(st.metrics.registry) == {"drain": 2}
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -5,7 +5,10 @@ preflight, a 413 from quart's body limit and a 404 are counted like any answer. 
 status of each ``http.response.start`` the app sends; a connection that ends before the app
 answered (a client gone during the body read) sends none and is not counted. The ``route``
 label is the request path when it is one of the app's routes, else ``other``, so a client
-cannot grow the metric's label set. Nothing is done per body chunk.
+cannot grow the metric's label set. Nothing is done per body chunk. The labelled child of each
+(route, status) is made once and kept (prometheus_client's ``labels()`` takes a lock and builds
+its key on every call); routes are the app's few and statuses are three-digit numbers, so the
+cache stays small.
 """
 
 from __future__ import annotations
@@ -27,6 +30,13 @@ class StatusCounter:
         self._app = app
         self._counter = counter
         self._routes = routes
+        self._children: dict[tuple[str, int], Counter] = {}
+
+    def _child(self, route: str, status: int) -> Counter:
+        child = self._children.get((route, status))
+        if child is None:
+            child = self._children[route, status] = self._counter.labels(route=route, status=str(status))
+        return child
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -34,11 +44,11 @@ class StatusCounter:
             return
         path = scope.get("path", "")
         route = path if path in self._routes else "other"
-        counter = self._counter
+        child = self._child
 
         async def counting_send(message: Message) -> None:
             if message["type"] == "http.response.start":
-                counter.labels(route=route, status=str(message["status"])).inc()
+                child(route, message["status"]).inc()
             await send(message)
 
         await self._app(scope, receive, counting_send)

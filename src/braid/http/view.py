@@ -141,7 +141,7 @@ async def completions(
 async def _completions(
     state: AppState, read_body: Callable[[], Awaitable[bytes]], content_type: str | None, request_id: str | None
 ) -> JsonResponse | CompletionStream:
-    ticket, deadline = _admit(state, content_type, request_id)
+    ticket, arrived, deadline = _admit(state, content_type, request_id)
     try:
         req = parse_request(await read_body(), state.limits)
         plan = await _plan(state, req, request_id, deadline, "cmpl")
@@ -150,8 +150,8 @@ async def _completions(
         raise
     tokenizer = state.engine.tokenizer
     if plan.stream:
-        return _stream(state, plan, ticket, deadline, StreamMerger(plan, tokenizer))
-    return await _collect(state, plan, ticket, deadline, request_id, ResponseCollector(plan, tokenizer))
+        return _stream(_run(state, plan, ticket, arrived, deadline), StreamMerger(plan, tokenizer))
+    return await _collect(_run(state, plan, ticket, arrived, deadline), request_id, ResponseCollector(plan, tokenizer))
 
 
 async def chat_completions(
@@ -179,7 +179,7 @@ async def _chat(
     request_id: str | None,
     batch: bool,
 ) -> JsonResponse | CompletionStream:
-    ticket, deadline = _admit(state, content_type, request_id)
+    ticket, arrived, deadline = _admit(state, content_type, request_id)
     try:
         chat = parse_chat(
             await read_body(),
@@ -209,14 +209,17 @@ async def _chat(
         raise
     tokenizer = state.engine.tokenizer
     if plan.stream:
-        return _stream(state, plan, ticket, deadline, ChatStreamMerger(plan, tokenizer, shape))
-    return await _collect(state, plan, ticket, deadline, request_id, ChatResponseCollector(plan, tokenizer, shape))
+        return _stream(_run(state, plan, ticket, arrived, deadline), ChatStreamMerger(plan, tokenizer, shape))
+    run = _run(state, plan, ticket, arrived, deadline)
+    return await _collect(run, request_id, ChatResponseCollector(plan, tokenizer, shape))
 
 
-def _admit(state: AppState, content_type: str | None, request_id: str | None) -> tuple[Ticket, float]:
-    """The checks that need no body, then admission: the request's ticket and its deadline."""
+def _admit(state: AppState, content_type: str | None, request_id: str | None) -> tuple[Ticket, float, float]:
+    """The checks that need no body, then admission: the request's ticket, its arrival (where
+    the latency histograms start) and its deadline, on Trio's clock."""
     timeout = state.settings.request_timeout
-    deadline = trio.current_time() + timeout if timeout is not None else math.inf
+    arrived = trio.current_time()
+    deadline = arrived + timeout if timeout is not None else math.inf
     require_json(content_type)
     if state.draining or not state.engine.healthy:
         raise EngineUnavailable(
@@ -231,7 +234,7 @@ def _admit(state: AppState, content_type: str | None, request_id: str | None) ->
     try:
         # Before the body is read or tokenized: a refused request costs nothing (vLLM counts its
         # queue only after rendering the prompts).
-        return state.admission.admit(), deadline
+        return state.admission.admit(), arrived, deadline
     except BraidError:
         state.metrics.rejected.inc()
         raise
@@ -275,32 +278,35 @@ async def _plan(state: AppState, req: CompletionRequest, request_id: str | None,
     )
 
 
-def _run(state: AppState, plan: Plan, ticket: Ticket, deadline: float) -> CompletionRun:
+def _run(state: AppState, plan: Plan, ticket: Ticket, arrived: float, deadline: float) -> CompletionRun:
     state.metrics.prompts.observe(len(plan.items))
     return CompletionRun(
-        state.engine, plan, state.metrics, state.settings, ticket=ticket, deadline=deadline, live=state.runs
+        state.engine,
+        plan,
+        state.metrics,
+        state.settings,
+        ticket=ticket,
+        deadline=deadline,
+        arrived=arrived,
+        draining=lambda: state.draining,
+        live=state.runs,
     )
 
 
-def _stream(
-    state: AppState, plan: Plan, ticket: Ticket, deadline: float, merger: StreamMerger | ChatStreamMerger
-) -> CompletionStream:
-    stream = CompletionStream(_run(state, plan, ticket, deadline), merger)
+def _stream(run: CompletionRun, merger: StreamMerger | ChatStreamMerger) -> CompletionStream:
+    stream = CompletionStream(run, merger)
     # The run closes the ticket when it ends; a stream that is never started (its client
-    # went away before quart sent it) must not keep its place in the queue.
-    weakref.finalize(stream, ticket.close)
+    # went away before quart sent it) must not keep its place in the queue, and its prompts
+    # are counted as dropped.
+    weakref.finalize(stream, run.discard)
     return stream
 
 
 async def _collect(
-    state: AppState,
-    plan: Plan,
-    ticket: Ticket,
-    deadline: float,
-    request_id: str | None,
-    collector: ResponseCollector | ChatResponseCollector,
+    run: CompletionRun, request_id: str | None, collector: ResponseCollector | ChatResponseCollector
 ) -> JsonResponse:
-    async with _run(state, plan, ticket, deadline) as run:
+    plan = run.plan
+    async with run:
         while True:
             try:
                 # A non-streaming run has no heartbeat, so its batches hold no ticks.
