@@ -34,10 +34,9 @@ class Mutant:
     what: str
 
 
-# run_error_as_500: the view's non-streaming run, answering any failure with a 500.
+# run_error_as_500: the view's non-streaming run (``_collect``), answering any failure with a 500.
 OLD_RUN = (
-    "    collector = ResponseCollector(plan, engine.tokenizer)\n"
-    "    async with run:\n"
+    "    async with _run(state, plan, ticket, deadline) as run:\n"
     "        while True:\n"
     "            try:\n"
     "                # A non-streaming run has no heartbeat, so its batches hold no ticks.\n"
@@ -46,9 +45,8 @@ OLD_RUN = (
     "                break\n"
 )
 NEW_RUN = (
-    "    collector = ResponseCollector(plan, engine.tokenizer)\n"
     "    try:\n"
-    "        async with run:\n"
+    "        async with _run(state, plan, ticket, deadline) as run:\n"
     "            while True:\n"
     "                try:\n"
     '                    collector.feed(cast("list[Arrival]", await run.receive_ready()))\n'
