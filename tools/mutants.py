@@ -248,6 +248,82 @@ MUTANTS = [
         ((OLD_RUN, NEW_RUN),),
         "the view answers every failed non-streaming run with a 500, whatever its error",
     ),
+    # Chat (braid.chat_merge, braid.chat): the framing of role, echo and content chunks.
+    Mutant(
+        "chat_role_missing",
+        "chat_merge.py",
+        (
+            (
+                "            for k in range(plan.n):\n                parts.append(self._sse.role(",
+                "            for k in range(plan.n - (item is plan.items[-1])):\n                parts.append(self._sse.role(",
+            ),
+        ),
+        "the last choice of a chat stream gets no role chunk",
+    ),
+    Mutant(
+        "chat_role_repeated",
+        "chat_merge.py",
+        (("            self._opened = True\n", "            pass\n"),),
+        "every batch of outputs is preceded by the role (and echo) chunks again",
+    ),
+    Mutant(
+        "chat_role_after_content",
+        "chat_merge.py",
+        (
+            (
+                "        parts = []\n        if not self._opened:",
+                "        parts, opening = [], []\n        if not self._opened:",
+            ),
+            ("            parts = self._open()\n", "            opening = self._open()\n"),
+            ('        return b"".join(parts)\n', '        return b"".join(parts + opening)\n'),
+        ),
+        "the role (and echo) chunks are sent after the first outputs' content chunks",
+    ),
+    Mutant(
+        "chat_echo_after_content",
+        "chat_merge.py",
+        (
+            (
+                "        parts = []\n        if not self._opened:",
+                "        parts, echoes = [], []\n        if not self._opened:",
+            ),
+            (
+                "            parts = self._open()\n",
+                "            parts = self._open()\n"
+                "            parts, echoes = parts[: self.plan.num_choices], parts[self.plan.num_choices :]\n",
+            ),
+            ('        return b"".join(parts)\n', '        return b"".join(parts + echoes)\n'),
+        ),
+        "the echo chunks are sent after the first outputs' content chunks (the roles still first)",
+    ),
+    Mutant(
+        "chat_prompt_tokens_per_choice",
+        "chat_merge.py",
+        (
+            (
+                "    return Usage(plan.prompt_tokens, renderer.completion_tokens, renderer.cached_tokens)",
+                "    return Usage(plan.prompt_tokens * plan.n, renderer.completion_tokens, renderer.cached_tokens)",
+            ),
+        ),
+        "chat usage counts each conversation's prompt tokens once per choice",
+    ),
+    Mutant(
+        "chat_role_always_assistant",
+        "chat.py",
+        (
+            (
+                '    return "assistant" if options.add_generation_prompt else messages[-1].role',
+                '    return "assistant"',
+            ),
+        ),
+        "a reply that continues the final message is given the assistant role, not that message's",
+    ),
+    Mutant(
+        "chat_echo_any_last_message",
+        "chat.py",
+        (('    return last.content or "" if last.role == role else ""', '    return last.content or ""'),),
+        "echo repeats the last message even when its role is not the reply's",
+    ),
 ]
 
 
