@@ -369,8 +369,8 @@ def choice_index(trace: Trace) -> Iterable[str]:
 
 @invariant(
     3,
-    "Each choice's chunks are its engine deltas in engine order (so its text is their "
-    "concatenation, after the echoed prompt), each emitted no earlier than its delta.",
+    "Each choice's chunks (chat: its content chunks) are its engine deltas in engine order (so "
+    "its text is their concatenation, after the echoed prompt), each emitted no earlier than its delta.",
 )
 def choice_sequence(trace: Trace) -> Iterable[str]:
     want = expected_chunks(trace)
@@ -452,9 +452,10 @@ def usage_placement(trace: Trace) -> Iterable[str]:
 
 @invariant(
     6,
-    "Usage totals equal the model's sums: prompt tokens once per prompt, completion tokens "
-    "as the engine counted them, total = prompt + completion; continuous usage per chunk "
-    "is the chunk's prompt and the choice's tokens so far.",
+    "Usage totals equal the model's sums: prompt tokens once per prompt (chat: per conversation), "
+    "completion tokens as the engine counted them, summed over choices, total = prompt + completion; "
+    "continuous usage per chunk is the chunk's prompt and the choice's tokens so far (a chat role or "
+    "echo chunk: its conversation's prompt and 0).",
 )
 def usage_totals(trace: Trace) -> Iterable[str]:
     req = trace["request"]
@@ -605,7 +606,8 @@ def engine_cleanup(trace: Trace) -> Iterable[str]:
     11,
     "A non-streaming response is all-or-nothing: exactly one JSON response on a normal end "
     "(none after a disconnect or drain): 200 with every choice complete if no engine request "
-    "failed, else the first failure's error and no choices.",
+    "failed (chat: a message with the reply's role, the echo and the text), else the first "
+    "failure's error and no choices.",
 )
 def all_or_nothing(trace: Trace) -> Iterable[str]:
     req = trace["request"]
@@ -682,7 +684,8 @@ def heartbeat(trace: Trace) -> Iterable[str]:
     "Logprobs: when requested every chunk has four equal-length lists with one entry per token "
     "of its delta (plus the prompt's tokens on an echoed first chunk), and a choice's text_offsets "
     "run on from 0 across its chunks, each the previous offset plus the previous token's length; "
-    "when not requested logprobs is null.",
+    "chat: a content chunk has {content: [one entry per token]}, at most top_logprobs alternatives "
+    "each, role and echo chunks none; when not requested logprobs is null.",
 )
 def logprobs_shape(trace: Trace) -> Iterable[str]:
     if _is_chat(trace):
