@@ -277,8 +277,9 @@ def _choice_chunks(trace: Trace) -> dict[int, list[tuple[Record, dict[str, Any]]
     for j, parts in chat_parts(trace).items():
         got = out.setdefault(j, [])
         for part, r, c in parts:
+            delta = c.get("delta")
             if part == CONTENT:
-                got.append((r, {**c, "text": (c.get("delta") or {}).get("content")}))
+                got.append((r, {**c, "text": delta.get("content") if isinstance(delta, dict) else None}))
     return out
 
 
