@@ -1,4 +1,4 @@
-"""The formal stream model of one ``/v1/completions`` request (see docs/stream-model.md).
+"""The formal stream model of one ``/v1/completions`` or chat request (see docs/stream-model.md).
 
 An executable specification, independent of the server: nothing here imports braid. It works on
 plain trace data (dicts, lists, tuples) recorded by a harness around the real server code.
@@ -11,10 +11,13 @@ from model.stream import (
     RequestMachine,
     RequestState,
     Violation,
+    chat_parts,
     check_server,
     check_trace,
+    echo_text,
     expected_chunks,
     parse_sse,
+    reply_role,
 )
 
 __all__ = [
@@ -24,8 +27,11 @@ __all__ = [
     "RequestMachine",
     "RequestState",
     "Violation",
+    "chat_parts",
     "check_server",
     "check_trace",
+    "echo_text",
     "expected_chunks",
     "parse_sse",
+    "reply_role",
 ]

@@ -1,4 +1,4 @@
-"""The stream model: states, events, outputs and the numbered invariants of one completions request.
+"""The stream model: states, events, outputs and the numbered invariants of one completions or chat request.
 
 This module is a specification, not an implementation: it never talks to the server. A harness
 records what happened around the *real* server code as a **trace** of plain data, and
@@ -8,12 +8,16 @@ version; each invariant there links to the predicate here.
 Trace format (everything is plain JSON-like data)::
 
     {
-      "request": {"valid": bool,             # False: the body breaks the API (must be rejected)
+      "request": {"kind": "completions" | "chat",   # the route (absent: completions)
+                  "valid": bool,             # False: the body breaks the API (must be rejected)
                   "stream": bool, "n": int,
-                  "prompts": [str, ...],       # the prompt texts (the echo of prompt i)
+                  "prompts": [str, ...],       # completions: the prompt texts (the echo of prompt i)
                   "echo": bool, "hide_completion": bool,   # echo with max_tokens=0
-                  "logprobs": int | None,
-                  "include_usage": bool, "continuous_usage": bool},
+                  "logprobs": int | None,      # chat: top_logprobs, when logprobs is true
+                  "include_usage": bool, "continuous_usage": bool,
+                  # chat only: one conversation per engine prompt, and how the reply is rendered
+                  "conversations": [[{"role": str, "content": str}, ...], ...],
+                  "add_generation_prompt": bool},   # False: continue_final_message
       "limits": {"heartbeat": float,           # the server's idle heartbeat period
                  "abort_bound": float},        # how long an abort may take after its trigger
       "left_running": int,                     # engine requests still running after the end
@@ -38,6 +42,11 @@ Record kinds (``seq`` is a total order, ``t`` virtual time):
 * ``slot_ask`` / ``slot_grant`` / ``slot_cancel`` / ``slot_release`` ``slots``: admission (the
   server's engine slots): the request asks for its next prompt's slots, is granted them (or its
   ask is cancelled), hands slots back. Asks and grants come in prompt order. ``limits.max_in_flight`` is the server's slot count (0: unbounded).
+
+A chat request is a completions request whose prompts are its conversations: prompt ``i`` is
+conversation ``i`` and choice ``k`` of it has index ``i*n + k``; the engine records are the same.
+Only its framing differs: a role chunk, then (with echo) an echo chunk, then the content chunks
+(chat's image of the completions chunks), per choice (see :func:`chat_parts`).
 
 Most invariants judge one request's trace (:func:`check_trace`). Admission's rules that are about
 the server as a whole (the slot bound across requests, round-robin between them) judge the traces
@@ -128,8 +137,35 @@ def _end(trace: Trace) -> Record | None:
     return ends[-1] if ends else None
 
 
+def _is_chat(trace: Trace) -> bool:
+    return bool(trace["request"].get("kind") == "chat")
+
+
+def _num_prompts(trace: Trace) -> int:
+    """The engine prompts of the request: its prompts, or a chat request's conversations."""
+    req = trace["request"]
+    return len(req["conversations"] if _is_chat(trace) else req["prompts"])
+
+
 def _num_choices(trace: Trace) -> int:
-    return len(trace["request"]["prompts"]) * trace["request"]["n"]
+    return _num_prompts(trace) * trace["request"]["n"]
+
+
+def reply_role(trace: Trace, prompt: int) -> str:
+    """Chat: the role of conversation ``prompt``'s replies: ``assistant`` after a generation
+    prompt, else the role of the message the reply continues (the last one)."""
+    req = trace["request"]
+    return "assistant" if req["add_generation_prompt"] else str(req["conversations"][prompt][-1]["role"])
+
+
+def echo_text(trace: Trace, prompt: int) -> str:
+    """Chat: what ``echo`` puts before each reply of conversation ``prompt``: the last message's
+    content when that message has the reply's role, else nothing ("" without echo)."""
+    req = trace["request"]
+    last = req["conversations"][prompt][-1]
+    if not req["echo"] or last["role"] != reply_role(trace, prompt):
+        return ""
+    return str(last.get("content") or "")
 
 
 def _prompt_tokens(trace: Trace) -> dict[int, int]:
@@ -162,9 +198,11 @@ def expected_chunks(trace: Trace) -> dict[int, list[dict[str, Any]]]:
     finish_reason shows nothing (unless it is an echoed first chunk). The first chunk of an echoed
     choice starts with the prompt's text and carries the prompt's tokens' logprobs; with
     ``hide_completion`` (echo and max_tokens=0) generated text and tokens are not shown, but counted.
+    For chat these are the content chunks: its echo is not part of them.
     """
     req = trace["request"]
-    n, echo, hide = req["n"], req["echo"], req["hide_completion"]
+    n, hide = req["n"], req["hide_completion"]
+    echo = req["echo"] and not _is_chat(trace)  # chat's echo is a chunk of its own (chat_parts)
     ptoks = _prompt_tokens(trace)
     out: dict[int, list[dict[str, Any]]] = {j: [] for j in range(_num_choices(trace))}
     counted: dict[int, int] = {}
@@ -193,13 +231,55 @@ def expected_chunks(trace: Trace) -> dict[int, list[dict[str, Any]]]:
     return out
 
 
-def _choice_chunks(trace: Trace) -> dict[int, list[tuple[Record, dict[str, Any]]]]:
-    """Emitted choice fragments per index, in order: (record, choice dict)."""
+def _all_choice_chunks(trace: Trace) -> dict[int, list[tuple[Record, dict[str, Any]]]]:
+    """Every emitted choice fragment per index, in order: (record, choice dict)."""
     out: dict[int, list[tuple[Record, dict[str, Any]]]] = {}
     for r, ev in _events(trace):
         if ev["type"] == "chunk":
             for c in ev["data"].get("choices", []):
                 out.setdefault(c.get("index"), []).append((r, c))
+    return out
+
+
+ROLE, ECHO, CONTENT = "role", "echo", "content"
+
+
+def chat_parts(trace: Trace) -> dict[int, list[tuple[str, Record, dict[str, Any]]]]:
+    """A chat stream's fragments per choice index, each classified: (part, record, choice dict).
+
+    ``role``: its delta names a role. ``echo``: the first fragment without a role of a choice whose
+    conversation has an echo text (:func:`echo_text`), which is where the echo must be (I18 says
+    whether it is the echo). ``content``: every other fragment; its text is ``delta.content``.
+    """
+    out: dict[int, list[tuple[str, Record, dict[str, Any]]]] = {}
+    n = trace["request"]["n"]
+    for j, got in _all_choice_chunks(trace).items():
+        want_echo = isinstance(j, int) and 0 <= j < _num_choices(trace) and bool(echo_text(trace, j // n))
+        parts = out.setdefault(j, [])
+        for r, c in got:
+            delta = c.get("delta")
+            if isinstance(delta, dict) and "role" in delta:
+                parts.append((ROLE, r, c))
+            elif want_echo and all(part == ROLE for part, _, _ in parts):
+                parts.append((ECHO, r, c))
+            else:
+                parts.append((CONTENT, r, c))
+    return out
+
+
+def _choice_chunks(trace: Trace) -> dict[int, list[tuple[Record, dict[str, Any]]]]:
+    """The fragments that carry a choice's engine deltas, per index, in order: (record, choice
+    dict). Completions: every fragment. Chat: its content fragments, with their ``delta.content``
+    as ``text`` (so the invariants about a choice's deltas judge both alike)."""
+    if not _is_chat(trace):
+        return _all_choice_chunks(trace)
+    out: dict[int, list[tuple[Record, dict[str, Any]]]] = {}
+    for j, parts in chat_parts(trace).items():
+        got = out.setdefault(j, [])
+        for part, r, c in parts:
+            delta = c.get("delta")
+            if part == CONTENT:
+                got.append((r, {**c, "text": delta.get("content") if isinstance(delta, dict) else None}))
     return out
 
 
@@ -249,17 +329,28 @@ def invariant(number: int, text: str) -> Callable[[Callable[[Trace], Iterable[st
     return register
 
 
-@invariant(1, "Every write is well-formed SSE and every completion chunk carries exactly one choice.")
+@invariant(
+    1,
+    "Every write is well-formed SSE and every completion or chat chunk carries exactly one choice "
+    "(a text for completions, a delta for chat).",
+)
 def framing(trace: Trace) -> Iterable[str]:
+    chat = _is_chat(trace)
+    obj = "chat.completion.chunk" if chat else "text_completion"
     for r in _records(trace, "sse_malformed"):
         yield f"malformed write at t={r['t']}: {r['detail']}"
     for r, ev in _events(trace):
         if ev["type"] in ("chunk", "usage"):
             d = ev["data"]
-            if d.get("object") != "text_completion":
+            if d.get("object") != obj:
                 yield f"seq {r['seq']}: object is {d.get('object')!r}"
             if ev["type"] == "chunk" and len(d.get("choices") or ()) != 1:
                 yield f"seq {r['seq']}: a chunk with {len(d.get('choices') or ())} choices"
+            for c in d.get("choices") or ():
+                if chat and not (isinstance(c.get("delta"), dict) and "text" not in c):
+                    yield f"seq {r['seq']}: a chat choice without a delta: {sorted(c)}"
+                if not chat and ("delta" in c or not isinstance(c.get("text"), str)):
+                    yield f"seq {r['seq']}: a completion choice without a text: {sorted(c)}"
     if not trace["request"]["stream"] and _records(trace, "sse"):
         yield "a non-streaming request wrote SSE events"
 
@@ -267,7 +358,7 @@ def framing(trace: Trace) -> Iterable[str]:
 @invariant(2, "Every emitted choice index is prompt_idx*n + k for an existing choice (0 <= k < n).")
 def choice_index(trace: Trace) -> Iterable[str]:
     total = _num_choices(trace)
-    for j in _choice_chunks(trace):
+    for j in _all_choice_chunks(trace):
         if not isinstance(j, int) or not 0 <= j < total:
             yield f"choice index {j!r} is not prompt_idx*n+k for any of the {total} choices"
     for r in _records(trace, "json"):
@@ -279,8 +370,8 @@ def choice_index(trace: Trace) -> Iterable[str]:
 
 @invariant(
     3,
-    "Each choice's chunks are its engine deltas in engine order (so its text is their "
-    "concatenation, after the echoed prompt), each emitted no earlier than its delta.",
+    "Each choice's chunks (chat: its content chunks) are its engine deltas in engine order (so "
+    "its text is their concatenation, after the echoed prompt), each emitted no earlier than its delta.",
 )
 def choice_sequence(trace: Trace) -> Iterable[str]:
     want = expected_chunks(trace)
@@ -362,9 +453,10 @@ def usage_placement(trace: Trace) -> Iterable[str]:
 
 @invariant(
     6,
-    "Usage totals equal the model's sums: prompt tokens once per prompt, completion tokens "
-    "as the engine counted them, total = prompt + completion; continuous usage per chunk "
-    "is the chunk's prompt and the choice's tokens so far.",
+    "Usage totals equal the model's sums: prompt tokens once per prompt (chat: per conversation), "
+    "completion tokens as the engine counted them, summed over choices, total = prompt + completion; "
+    "continuous usage per chunk is the chunk's prompt and the choice's tokens so far (a chat role or "
+    "echo chunk: its conversation's prompt and 0).",
 )
 def usage_totals(trace: Trace) -> Iterable[str]:
     req = trace["request"]
@@ -388,23 +480,26 @@ def usage_totals(trace: Trace) -> Iterable[str]:
         if req["continuous_usage"] != (u is not None):
             yield f"seq {r['seq']}: chunk usage is {u!r} with continuous_usage={req['continuous_usage']}"
     if req["continuous_usage"]:
-        counts: dict[int, int] = {}
-        for _, ev in _events(trace):
-            if ev["type"] != "chunk" or ev["data"].get("usage") is None:
-                continue
-            c = ev["data"]["choices"][0]
-            j = c.get("index")
-            m = counts.get(j, 0)
-            counts[j] = m + 1
+        for j, got in _choice_chunks(trace).items():
             exp = want_chunks.get(j, [])
-            if m < len(exp):
-                e = exp[m]
-                yield from check(
-                    ev["data"]["usage"],
-                    ptoks.get(e["prompt"], -1),
-                    e["completion_tokens"],
-                    f"choice {j} chunk {m} (continuous usage)",
-                )
+            for m, (r, _) in enumerate(got):
+                u = r["event"]["data"].get("usage")
+                if u is not None and m < len(exp):
+                    e = exp[m]
+                    yield from check(
+                        u,
+                        ptoks.get(e["prompt"], -1),
+                        e["completion_tokens"],
+                        f"choice {j} chunk {m} (continuous usage)",
+                    )
+    if req["continuous_usage"] and _is_chat(trace):
+        # A chat choice's role and echo chunks: its conversation's prompt tokens, nothing generated.
+        for j, parts in chat_parts(trace).items():
+            p = j // req["n"] if isinstance(j, int) else -1
+            for part, r, _ in parts:
+                u = r["event"]["data"].get("usage")
+                if part != CONTENT and u is not None and p in ptoks:
+                    yield from check(u, ptoks[p], 0, f"choice {j} {part} chunk (continuous usage)")
     for r in _records(trace, "json"):
         if r["status"] == 200:
             yield from check(r["body"].get("usage", {}), prompt_total, completion_total, "JSON response")
@@ -503,7 +598,7 @@ def engine_cleanup(trace: Trace) -> Iterable[str]:
             if cs and cs[0]["outcome"] != "finished":
                 yield f"engine request of prompt {p} {cs[0]['outcome']} although nothing went wrong"
     if _normal_end(trace) and trace["request"]["valid"] and not triggers:
-        missing = set(range(len(trace["request"]["prompts"]))) - set(opens)
+        missing = set(range(_num_prompts(trace))) - set(opens)
         if missing:
             yield f"prompts {sorted(missing)} never reached the engine"
 
@@ -512,7 +607,8 @@ def engine_cleanup(trace: Trace) -> Iterable[str]:
     11,
     "A non-streaming response is all-or-nothing: exactly one JSON response on a normal end "
     "(none after a disconnect or drain): 200 with every choice complete if no engine request "
-    "failed, else the first failure's error and no choices.",
+    "failed (chat: a message with the reply's role, the echo and the text), else the first "
+    "failure's error and no choices.",
 )
 def all_or_nothing(trace: Trace) -> Iterable[str]:
     req = trace["request"]
@@ -534,21 +630,36 @@ def all_or_nothing(trace: Trace) -> Iterable[str]:
     if r["status"] != 200:
         yield f"status {r['status']} although nothing failed"
         return
+    chat = _is_chat(trace)
+    obj = "chat.completion" if chat else "text_completion"
+    if r["body"].get("object") != obj:
+        yield f"the JSON response's object is {r['body'].get('object')!r}, expected {obj!r}"
     chunks = expected_chunks(trace)
     for c in r["body"].get("choices", []):
         j = c.get("index")
         exp = chunks.get(j, [])
         text = "".join(e["text"] for e in exp)
-        if c.get("text") != text:
-            yield f"choice {j}: text {c.get('text')!r}, the engine produced {text!r}"
+        got_text = c.get("text")
+        if chat and isinstance(j, int) and 0 <= j < _num_choices(trace):
+            message = c.get("message") or {}
+            got_text = message.get("content")
+            p = j // req["n"]
+            text = echo_text(trace, p) + text
+            if message.get("role") != reply_role(trace, p):
+                yield f"choice {j}: message role {message.get('role')!r}, the reply's role is {reply_role(trace, p)!r}"
+        if got_text != text:
+            yield f"choice {j}: text {got_text!r}, the engine produced {text!r}"
         fin = exp[-1]["finish_reason"] if exp else None
         if fin is None or c.get("finish_reason") != fin:
             yield f"choice {j}: finish_reason {c.get('finish_reason')!r}, engine said {fin!r}"
         if req["logprobs"] is not None:
             lp = c.get("logprobs") or {}
             ntok = sum(e["lp_tokens"] for e in exp)
-            if len(lp.get("tokens", ())) != ntok:
-                yield f"choice {j}: {len(lp.get('tokens', ()))} logprob tokens, expected {ntok}"
+            got = len(lp.get("content") or ()) if chat else len(lp.get("tokens", ()))
+            if got != ntok:
+                yield f"choice {j}: {got} logprob tokens, expected {ntok}"
+        elif chat and c.get("logprobs") is not None:
+            yield f"choice {j}: logprobs without a request for them"
 
 
 @invariant(
@@ -574,9 +685,13 @@ def heartbeat(trace: Trace) -> Iterable[str]:
     "Logprobs: when requested every chunk has four equal-length lists with one entry per token "
     "of its delta (plus the prompt's tokens on an echoed first chunk), and a choice's text_offsets "
     "run on from 0 across its chunks, each the previous offset plus the previous token's length; "
-    "when not requested logprobs is null.",
+    "chat: a content chunk has {content: [one entry per token]}, at most top_logprobs alternatives "
+    "each, role and echo chunks none; when not requested logprobs is null.",
 )
 def logprobs_shape(trace: Trace) -> Iterable[str]:
+    if _is_chat(trace):
+        yield from _chat_logprobs_shape(trace)
+        return
     req = trace["request"]
     want = expected_chunks(trace)
     for j, got in _choice_chunks(trace).items():
@@ -605,6 +720,42 @@ def logprobs_shape(trace: Trace) -> Iterable[str]:
             else:
                 continue
             break
+
+
+def _chat_logprobs_shape(trace: Trace) -> Iterable[str]:
+    """I13 for chat: a content chunk's logprobs are ``{"content": [entry per token]}``, each entry
+    ``{token, logprob, bytes, top_logprobs}`` with at most ``top_logprobs`` alternatives; role and
+    echo chunks have none."""
+    req = trace["request"]
+    top = req["logprobs"]
+    want = expected_chunks(trace)
+    for j, parts in chat_parts(trace).items():
+        exp = want.get(j, [])
+        m = 0
+        for part, _, c in parts:
+            lp = c.get("logprobs")
+            if part != CONTENT:
+                if lp is not None:
+                    yield f"choice {j}: logprobs on its {part} chunk"
+                continue
+            m += 1
+            if top is None:
+                if lp is not None:
+                    yield f"choice {j} chunk {m - 1}: logprobs without a request for them"
+                continue
+            entries = lp.get("content") if isinstance(lp, dict) else None
+            if not isinstance(entries, list):
+                yield f"choice {j} chunk {m - 1}: logprobs {lp!r}, expected {{'content': [...]}}"
+                continue
+            if m - 1 < len(exp) and len(entries) != exp[m - 1]["lp_tokens"]:
+                yield f"choice {j} chunk {m - 1}: {len(entries)} logprob entries, expected {exp[m - 1]['lp_tokens']}"
+            for e in entries:
+                if not {"token", "logprob", "bytes", "top_logprobs"} <= set(e):
+                    yield f"choice {j} chunk {m - 1}: a logprob entry with keys {sorted(e)}"
+                    break
+                if top != -1 and len(e["top_logprobs"]) > top:
+                    yield f"choice {j} chunk {m - 1}: {len(e['top_logprobs'])} alternatives, top_logprobs is {top}"
+                    break
 
 
 @invariant(14, "An invalid request is rejected: one 4xx JSON error, no engine request, no stream.")
@@ -671,6 +822,84 @@ def admission(trace: Trace) -> Iterable[str]:
             ended = True
             if holds:
                 yield f"the request ended holding {holds} slots"
+
+
+def _errored(trace: Trace) -> bool:
+    return any(ev["type"] == "error" for _, ev in _events(trace))
+
+
+def _valid_index(trace: Trace, j: object) -> bool:
+    return isinstance(j, int) and 0 <= j < _num_choices(trace)
+
+
+@invariant(
+    17,
+    "Chat: a choice has at most one role chunk, its first chunk (before its echo and content), "
+    "with delta {role: the reply's role, content: ''} and no finish_reason; role chunks come in "
+    "choice order; a stream that ends normally without an error has one for every choice.",
+)
+def chat_role(trace: Trace) -> Iterable[str]:
+    if not _is_chat(trace):
+        return  # completions choices have no delta (I1)
+    n = trace["request"]["n"]
+    order: list[tuple[int, int]] = []
+    have: set[int] = set()
+    for j, parts in chat_parts(trace).items():
+        roles = [(m, r, c) for m, (part, r, c) in enumerate(parts) if part == ROLE]
+        if len(roles) > 1:
+            yield f"choice {j} has {len(roles)} role chunks"
+        if not roles:
+            continue
+        m, r, c = roles[0]
+        if m != 0:
+            yield f"choice {j}: its role chunk comes after {m} of its other chunks"
+        if c.get("finish_reason") is not None:
+            yield f"choice {j}: its role chunk has finish_reason {c.get('finish_reason')!r}"
+        if _valid_index(trace, j):
+            want = {"role": reply_role(trace, j // n), "content": ""}
+            if c.get("delta") != want:
+                yield f"choice {j}: role chunk delta {c.get('delta')!r}, expected {want!r}"
+            order.append((r["seq"], j))
+            have.add(j)
+    in_order = [j for _, j in sorted(order)]
+    if in_order != sorted(in_order):
+        yield f"role chunks came for choices {in_order}, not in choice order"
+    if trace["request"]["stream"] and _normal_end(trace) and not _errored(trace):
+        missing = sorted(set(range(_num_choices(trace))) - have)
+        if missing:
+            yield f"the stream ended normally but choices {missing} never got their role chunk"
+
+
+@invariant(
+    18,
+    "Chat with echo: when a conversation's last message has the reply's role and some text, each "
+    "of its choices has one echo chunk carrying exactly that text, right after its role chunk and "
+    "before any content, with no finish_reason (on a normal end without an error, every such "
+    "choice); otherwise there is no echo chunk (I3).",
+)
+def chat_echo(trace: Trace) -> Iterable[str]:
+    if not _is_chat(trace):
+        return
+    n = trace["request"]["n"]
+    have: set[int] = set()
+    for j, parts in chat_parts(trace).items():
+        if not _valid_index(trace, j):
+            continue
+        want = echo_text(trace, j // n)
+        for m, (part, _, c) in enumerate(parts):
+            if part != ECHO:
+                continue
+            have.add(j)
+            if m == 0 or parts[m - 1][0] != ROLE:
+                yield f"choice {j}: its echo chunk does not come right after its role chunk"
+            if c.get("delta") != {"content": want}:
+                yield f"choice {j}: delta {c.get('delta')!r} where its echo {want!r} belongs"
+            if c.get("finish_reason") is not None:
+                yield f"choice {j}: its echo chunk has finish_reason {c.get('finish_reason')!r}"
+    if trace["request"]["stream"] and _normal_end(trace) and not _errored(trace):
+        missing = [j for j in range(_num_choices(trace)) if echo_text(trace, j // n) and j not in have]
+        if missing:
+            yield f"the stream ended normally but choices {missing} never got their echo chunk"
 
 
 def check_server(traces: list[Trace], max_in_flight: int) -> list[Violation]:
@@ -822,7 +1051,7 @@ class RequestMachine:
 
 
 def replay(trace: Trace) -> RequestMachine:
-    m = RequestMachine(trace["request"]["n"], len(trace["request"]["prompts"]))
+    m = RequestMachine(trace["request"]["n"], _num_prompts(trace))
     for r in trace["records"]:
         m.apply(r)
     m.finish()

@@ -1,8 +1,10 @@
 """Drive the real server code with a scenario and record a trace for the model (model/stream.py).
 
 What is real: the completions view the app serves (``braid.http.view.completions``: validation,
-limits, tokenizing, planning, ids), the nursery run (``CompletionRun``), the merger
-(``StreamMerger`` / ``ResponseCollector``), the SSE body (``CompletionStream``, driven exactly as
+limits, tokenizing, planning, ids) or its chat view (``braid.http.view.chat_completions``, on the
+single or the batch route: chat validation and the chat template, then the same path), the
+nursery run (``CompletionRun``), the merger (``StreamMerger`` / ``ResponseCollector``, or
+``ChatStreamMerger`` / ``ChatResponseCollector``), the SSE body (``CompletionStream``, driven exactly as
 quart drives a ``ResponseBody``: ``async with body: async for data in body: await send(data)``)
 and the scripted engine, which generates on its own clock when its token delay is above zero.
 What is simulated: the client (reads with a delay, pauses, disconnects = cancellation of the
@@ -32,7 +34,7 @@ from braid.encode import error_body
 from braid.engine.base import EngineOutput, EngineRequest, FailureHandler
 from braid.engine.scripted import ScriptedEngine
 from braid.errors import BraidError, EngineError, EngineRejected
-from braid.http.view import AppState, JsonResponse, completions
+from braid.http.view import AppState, JsonResponse, chat_completions, completions
 from braid.metrics import Metrics
 from braid.settings import Settings
 from model.stream import parse_sse
@@ -49,10 +51,35 @@ INVALID_BODIES: dict[str, dict[str, Any]] = {
     "temperature=3": {"temperature": 3.0},
 }
 
+CHAT_INVALID_BODIES: dict[str, dict[str, Any]] = {
+    "n=0": {"n": 0},
+    "max_tokens=0": {"max_tokens": 0},
+    "stream_options without stream": {"stream": False, "stream_options": {"include_usage": True}},
+    "top_logprobs=21": {"logprobs": True, "top_logprobs": 21},
+    "top_logprobs without logprobs": {"logprobs": False, "top_logprobs": 2},
+    "temperature=3": {"temperature": 3.0},
+    "no messages": {"messages": []},
+    "a message without a role": {"messages": [{"content": "hi"}]},
+    "tool_choice auto": {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"},
+    "generation prompt and continued message": {"add_generation_prompt": True, "continue_final_message": True},
+}
+"""Chat bodies that break the API (merged into a valid chat body; ``messages`` replaces every
+conversation, so the batch route gets a list that is not one of conversations or is empty)."""
+
 
 @attrs.frozen
 class Scenario:
     prompts: tuple[str, ...]
+    """Completions: the prompts. Chat: each conversation's user message (see :attr:`conversations`)."""
+    chat: str | None = None
+    """None: ``/v1/completions``; ``"single"``: ``/v1/chat/completions`` (one conversation);
+    ``"batch"``: ``/v1/chat/completions/batch`` (one conversation per prompt)."""
+    tails: tuple[str | None, ...] = (None,)
+    """Chat: what follows conversation i's user message: pattern i % len, None for nothing, else
+    the text of an assistant message that ends the conversation (what ``echo`` repeats)."""
+    add_generation_prompt: bool = True
+    """Chat: False continues the final message instead (``continue_final_message``): the reply
+    takes the last message's role."""
     n: int = 1
     max_tokens: int = 4
     stream: bool = True
@@ -81,38 +108,68 @@ class Scenario:
     max_in_flight: int = 0
     reserve: int = 0
 
+    @property
+    def conversations(self) -> list[list[dict[str, str]]]:
+        """Chat: the conversations the body sends, one per prompt."""
+        out = []
+        for i, p in enumerate(self.prompts):
+            tail = self.tails[i % len(self.tails)]
+            conv = [{"role": "user", "content": p}]
+            if tail is not None:
+                conv.append({"role": "assistant", "content": tail})
+            out.append(conv)
+        return out
+
     def body(self) -> bytes:
         body: dict[str, Any] = {
-            "prompt": list(self.prompts),
             "max_tokens": self.max_tokens,
             "n": self.n,
             "stream": self.stream,
             "echo": self.echo,
             "ignore_eos": self.ignore_eos,
         }
+        if self.chat is None:
+            body["prompt"] = list(self.prompts)
+        else:
+            convs = self.conversations
+            body["messages"] = convs if self.chat == "batch" else convs[0]
+            if not self.add_generation_prompt:
+                body.update(add_generation_prompt=False, continue_final_message=True)
         if self.stream and self.include_usage:
             body["stream_options"] = {"include_usage": True, "continuous_usage_stats": self.continuous_usage}
-        if self.logprobs is not None:
+        if self.logprobs is not None and self.chat is None:
             body["logprobs"] = self.logprobs
+        elif self.logprobs is not None:
+            body.update(logprobs=True, top_logprobs=self.logprobs)
         if self.seed is not None:
             body["seed"] = self.seed
         if self.invalid is not None:
-            body.update(INVALID_BODIES[self.invalid])
+            body.update((CHAT_INVALID_BODIES if self.chat else INVALID_BODIES)[self.invalid])
         return json.dumps(body).encode()
 
     def model_request(self) -> dict[str, Any]:
         """The request as the model sees it (plain data; the API's meaning of the scenario)."""
-        return {
+        req: dict[str, Any] = {
+            "kind": "completions" if self.chat is None else "chat",
             "valid": self.invalid is None,
             "stream": self.stream,
             "n": self.n,
             "prompts": list(self.prompts),
             "echo": self.echo,
-            "hide_completion": self.echo and self.max_tokens == 0,
+            "hide_completion": self.chat is None and self.echo and self.max_tokens == 0,
             "logprobs": self.logprobs,
             "include_usage": self.stream and self.include_usage,
             "continuous_usage": self.stream and self.include_usage and self.continuous_usage,
         }
+        if self.chat is not None:
+            req["conversations"] = self.conversations if self.chat == "batch" else self.conversations[:1]
+            req["add_generation_prompt"] = self.add_generation_prompt
+        return req
+
+    @property
+    def request_id(self) -> str:
+        """The id prefix of the response and of its engine requests (the view's, per route)."""
+        return "cmpl-prop" if self.chat is None else "chatcmpl-prop"
 
 
 @attrs.define(eq=False)
@@ -299,19 +356,30 @@ def _error_response(exc: BaseException) -> JsonResponse:
 
 
 async def _respond(engine: RecordingEngine, rec: Recorder, rid: str, admission: Admission) -> None:
-    """The app's completions route, from the body bytes to the last byte of the response.
+    """The app's completions or chat route, from the body bytes to the last byte of the response.
 
-    The view is the production one (:func:`braid.http.view.completions`); its ids come from
-    ``rid``, the prefix of the engine request ids that ``engine`` records under.
+    The view is the production one (:func:`braid.http.view.completions`, or
+    :func:`braid.http.view.chat_completions` for a chat scenario, on its single or batch route);
+    its ids come from ``rid`` (``cmpl-...`` or ``chatcmpl-...``), the prefix of the engine request
+    ids that ``engine`` records under.
     """
     s = rec.scenario
     settings = Settings(buffer=s.buffer, stall_timeout=s.stall_timeout, heartbeat=s.heartbeat)
     state = AppState(
-        engine, settings, METRICS, new_id=lambda: rid.removeprefix("cmpl-"), now=lambda: 0.0, admission=admission
+        engine, settings, METRICS, new_id=lambda: rid.partition("-")[2], now=lambda: 0.0, admission=admission
     )
     try:
         try:
-            response = await completions(state, _read(s.body()), content_type="application/json", request_id=None)
+            if s.chat is None:
+                response = await completions(state, _read(s.body()), content_type="application/json", request_id=None)
+            else:
+                response = await chat_completions(
+                    state,
+                    _read(s.body()),
+                    content_type="application/json",
+                    request_id=None,
+                    batch=s.chat == "batch",
+                )
         except Exception as exc:  # noqa: BLE001 - the app's error handlers
             response = _error_response(exc)
         if isinstance(response, JsonResponse):
@@ -391,7 +459,7 @@ def run_scenario(s: Scenario) -> tuple[dict[str, Any], ScriptedEngine]:
     """One scenario in a fresh trio run on a virtual clock: its trace, and the engine afterwards."""
     engine = RecordingEngine(ScriptedEngine(token_delay=s.token_delay))
     rec = Recorder(s, itertools.count())
-    rid = "cmpl-prop"
+    rid = s.request_id
     engine.requests[rid] = (rec, s.step_delays)
     trio.run(run_request, engine, rec, rid, clock=trio.testing.MockClock(autojump_threshold=0))
     trace = rec.trace()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from property_tests.harness import INVALID_BODIES, Scenario
+from property_tests.harness import CHAT_INVALID_BODIES, INVALID_BODIES, Scenario
 
 TIMES = st.sampled_from([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 40.0])
 
@@ -25,6 +25,7 @@ def scenarios(
     invalid: bool | None = False,
     stall: bool = False,
     stalled_reader: bool = False,
+    chat: bool = False,
 ) -> Scenario:
     """A request, its engine's timing and faults, and what the client and server do meanwhile.
 
@@ -33,8 +34,14 @@ def scenarios(
     invalid body. ``stalled_reader``: the client stops reading after its first write, for longer
     than the engine takes to fail and well within the stall timeout, while the engine generates on
     its own clock and the channel is small: failures must abort the batch while every driver waits.
+
+    ``chat``: a chat request instead, on the single route (one conversation) or the batch route
+    (one per prompt); each conversation is its user message (the prompt, fault hooks included),
+    maybe followed by an assistant message (what echo repeats when the reply has that role), with
+    a generation prompt or continuing its last message.
     """
-    num = draw(st.one_of(st.integers(1, 4), st.integers(1, max_prompts)))
+    route = draw(st.sampled_from(["batch", "single"])) if chat else None
+    num = 1 if route == "single" else draw(st.one_of(st.integers(1, 4), st.integers(1, max_prompts)))
     fillers = draw(st.lists(st.text("xyz ", max_size=4), min_size=num, max_size=num))
     prompts = [f"p{i}{f}" for i, f in enumerate(fillers)]
     want_faults = draw(st.booleans()) if faults is None else faults
@@ -48,7 +55,7 @@ def scenarios(
             prompts[i] += " braid:invalid"
     is_stream = draw(st.booleans()) if stream is None else stream
     echo = draw(st.booleans())
-    max_tokens = draw(st.integers(0 if echo else 1, 6))
+    max_tokens = draw(st.integers(0 if echo and not chat else 1, 6))
     include_usage = is_stream and draw(st.booleans())
     events = draw(st.booleans()) if client_events is None else client_events
     disconnect_at = pause = drain = None
@@ -65,11 +72,20 @@ def scenarios(
     if stalled_reader:
         pause = (draw(st.sampled_from([0.0, 0.5])), 100.0)
     bad = None
+    bodies = CHAT_INVALID_BODIES if chat else INVALID_BODIES
     if invalid is None:
-        bad = draw(st.none() | st.sampled_from(sorted(INVALID_BODIES)))
+        bad = draw(st.none() | st.sampled_from(sorted(bodies)))
     elif invalid:
-        bad = draw(st.sampled_from(sorted(INVALID_BODIES)))
+        bad = draw(st.sampled_from(sorted(bodies)))
+    chat_fields = {}
+    if chat:
+        chat_fields = {
+            "chat": route,
+            "tails": tuple(draw(st.lists(st.sampled_from([None, "", "ok", "a b"]), min_size=1, max_size=3))),
+            "add_generation_prompt": draw(st.booleans()),
+        }
     return Scenario(
+        **chat_fields,
         prompts=tuple(prompts),
         n=draw(st.integers(1, 4)),
         max_tokens=max_tokens,

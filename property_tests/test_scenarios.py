@@ -94,3 +94,58 @@ def test_a_clean_stream_assembles_to_the_non_streaming_response(s: Scenario) -> 
             texts[c["index"]] = texts.get(c["index"], "") + c["text"]
     (body,) = [r["body"] for r in plain["records"] if r["kind"] == "json"]
     assert [c["text"] for c in body["choices"]] == [texts[j] for j in range(len(body["choices"]))]
+
+
+# Chat: the same properties through the served chat view (single and batch routes).
+
+
+@given(scenarios(stream=True, chat=True))
+def test_chat_streams_follow_the_model(s: Scenario) -> None:
+    """Any chat stream: role, echo and content chunks, usage, faults, disconnects, stalls, drains."""
+    assert_model(s)
+
+
+@given(scenarios(stream=False, chat=True))
+def test_chat_non_streaming_responses_follow_the_model(s: Scenario) -> None:
+    """Any non-streaming chat request: all-or-nothing, roles, echo, usage, cleanup."""
+    assert_model(s)
+
+
+@given(scenarios(faults=True, client_events=False, max_prompts=16, chat=True))
+def test_chat_engine_failures_abort_the_batch(s: Scenario) -> None:
+    assert_model(s)
+
+
+@given(scenarios(stream=True, faults=False, client_events=True, max_prompts=16, chat=True))
+def test_chat_client_and_server_events_abort_the_batch(s: Scenario) -> None:
+    assert_model(s)
+
+
+@given(scenarios(stream=True, faults=False, client_events=False, stall=True, max_prompts=16, chat=True))
+def test_a_stalled_chat_reader_gets_408_and_aborts_the_batch(s: Scenario) -> None:
+    assert_model(s)
+
+
+@given(scenarios(faults=False, client_events=False, invalid=True, max_prompts=4, chat=True))
+def test_invalid_chat_bodies_are_rejected_before_any_engine_work(s: Scenario) -> None:
+    assert_model(s)
+
+
+@given(scenarios(stream=True, faults=False, client_events=False, max_prompts=16, chat=True))
+def test_a_clean_chat_stream_assembles_to_the_non_streaming_response(s: Scenario) -> None:
+    """Differential: without faults each streamed choice (its role, then its deltas' contents
+    joined, echo first) is the non-streaming response's message."""
+    s = attrs.evolve(s, stall_timeout=1e4)
+    streamed = assert_model(s)
+    plain = assert_model(attrs.evolve(s, stream=False, include_usage=False, continuous_usage=False))
+    roles: dict[int, str] = {}
+    texts: dict[int, str] = {}
+    for r in streamed["records"]:
+        if r["kind"] == "sse" and r["event"]["type"] == "chunk":
+            c = r["event"]["data"]["choices"][0]
+            if "role" in c["delta"]:
+                roles[c["index"]] = c["delta"]["role"]
+            texts[c["index"]] = texts.get(c["index"], "") + c["delta"]["content"]
+    (body,) = [r["body"] for r in plain["records"] if r["kind"] == "json"]
+    got = [(c["message"]["role"], c["message"]["content"]) for c in body["choices"]]
+    assert got == [(roles[j], texts[j]) for j in range(len(body["choices"]))]

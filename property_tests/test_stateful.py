@@ -6,6 +6,13 @@ which turns autojump on just for the span it advances, so every timer inside the
 order (heartbeats, stall timeouts and token delays keep their meaning) and nothing moves between
 rules. After each step every request's trace so far must satisfy the prefix-safe invariants; at
 teardown everything is run to its end and the complete traces must satisfy all of them.
+
+:class:`ConcurrentChatRequests` is the same machine with chat requests (single and batch routes)
+opened beside the completions ones, on the same engine and admission (with no reserve: see
+``test_a_reserve_newcomer_passes_a_waiting_request_once`` in test_admission_model.py).
+
+Hypothesis seeds a derandomized state machine from its class's source: an edit to
+:class:`ConcurrentRequests` changes which runs the ``ci`` profile tries.
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ PREFIX_SAFE = {
     "logprobs_shape",
     "rejected",
     "admission",
+    "chat_role",
+    "chat_echo",
 }
 
 SLOTS = 4
@@ -178,6 +187,25 @@ class ConcurrentRequests(RuleBasedStateMachine):
             self.thread.join()
 
 
+class ConcurrentChatRequests(ConcurrentRequests):
+    """Chat requests beside completions ones: one engine, one admission (four slots, no reserve)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.admission = RecordingAdmission(slots=SLOTS, reserve=0)  # before any request opens
+
+    @rule(s=scenarios(max_prompts=8, chat=True))
+    def open_chat_request(self, s) -> None:  # type: ignore[no-untyped-def]
+        rid = f"chatcmpl-s{len(self.requests)}"
+        rec = Recorder(s, self.seq)
+        stop = Stop()
+        self.engine.requests[rid] = (rec, s.step_delays)
+        self.requests.append((rec, stop))
+        self._call(self._open, rec, rid, stop)
+
+
 ConcurrentRequests.TestCase.settings = settings(settings.default, stateful_step_count=15)  # the profile (conftest)
 TestConcurrentRequests = ConcurrentRequests.TestCase
+ConcurrentChatRequests.TestCase.settings = settings(settings.default, stateful_step_count=15)
+TestConcurrentChatRequests = ConcurrentChatRequests.TestCase
 assert {i.name for i in INVARIANTS} >= PREFIX_SAFE
