@@ -1,18 +1,17 @@
-"""A known disagreement between the admission (braid.admit) and the model's round-robin rule A2.
+"""The admission (braid.admit) against the model's round-robin rule A2, on one found case.
 
-A ticket that has released every slot it held looks like a newcomer to ``Admission._grant``
-(it tests ``ticket.holds``, not whether it ever held slots), so the reserve lets it pass a
-request held back by the reserve once per prompt, not once: request B below is granted twice
-while request A waits, which A2 (``model.check_server``) forbids. Hypothesis finds it in
-``ConcurrentRequests`` (reserve 1) for most seeds; the derandomized ``ci`` seed of that machine
-happens to miss it. Strict xfail: when the admission or the model changes, this test says so.
+A ticket that had released every slot it held used to look like a newcomer to
+``Admission._grant`` (it tested ``ticket.holds``, not whether it was ever granted slots), so the
+reserve let it pass a request held back by the reserve once per prompt, not once: request B
+below was granted twice while request A waited, which A2 (``model.check_server``) forbids.
+Hypothesis found it in ``ConcurrentRequests`` (reserve 1) for most seeds. A newcomer is now a
+ticket never granted anything (``Ticket.started``).
 """
 
 from __future__ import annotations
 
 import itertools
 
-import pytest
 import trio
 import trio.testing
 
@@ -20,7 +19,6 @@ from braid.admit import Admission, Ticket
 from model import check_server
 
 
-@pytest.mark.xfail(strict=True, reason="braid.admit: a ticket holding no slots passes a waiting holder again (A2)")
 def test_a_reserve_newcomer_passes_a_waiting_request_once() -> None:
     seq = itertools.count()
     records: dict[str, list[dict[str, object]]] = {"A": [], "B": []}

@@ -8,8 +8,7 @@ rules. After each step every request's trace so far must satisfy the prefix-safe
 teardown everything is run to its end and the complete traces must satisfy all of them.
 
 :class:`ConcurrentChatRequests` is the same machine with chat requests (single and batch routes)
-opened beside the completions ones, on the same engine and admission (with no reserve: see
-``test_a_reserve_newcomer_passes_a_waiting_request_once`` in test_admission_model.py).
+opened beside the completions ones, on the same engine and admission (with a reserve of one).
 
 Hypothesis seeds a derandomized state machine from its class's source: an edit to
 :class:`ConcurrentRequests` changes which runs the ``ci`` profile tries.
@@ -188,11 +187,11 @@ class ConcurrentRequests(RuleBasedStateMachine):
 
 
 class ConcurrentChatRequests(ConcurrentRequests):
-    """Chat requests beside completions ones: one engine, one admission (four slots, no reserve)."""
+    """Chat requests beside completions ones: one engine, one admission (four slots, a reserve of one)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.admission = RecordingAdmission(slots=SLOTS, reserve=0)  # before any request opens
+        self.admission = RecordingAdmission(slots=SLOTS, reserve=1)  # before any request opens
 
     @rule(s=scenarios(max_prompts=8, chat=True))
     def open_chat_request(self, s) -> None:  # type: ignore[no-untyped-def]

@@ -103,6 +103,8 @@ class Admission:
         return cost <= free and all(t._want <= free for t in self._ring)
 
     def _fits(self, cost: int, *, holds: int) -> bool:
+        # The reserve is for tickets holding nothing now (a request whose n is the whole slot
+        # count must be able to start its next prompt once it has handed its slots back).
         if not self.slots:
             return True
         free = self.slots - self.in_use
@@ -113,7 +115,7 @@ class Admission:
 
         The scan stops at a ticket whose prompt does not fit in the free slots at all, so a
         prompt that costs many slots is not starved by cheaper ones behind it. A ticket held back
-        only by the reserve (it holds slots already) is passed over for newcomers behind it:
+        only by the reserve (it has been granted slots before) is passed over for newcomers behind it:
         that is what the reserve is for, and each newcomer takes at most one prompt's slots from
         it before it holds slots itself. Other tickets holding slots never pass it."""
         ring = self._ring
@@ -121,7 +123,10 @@ class Admission:
         passed = False  # a ticket held back by the reserve is behind us: only newcomers now
         while i < len(ring):
             ticket = ring[i]
-            if (not passed or not ticket.holds) and self._fits(ticket._want, holds=ticket.holds):
+            # Only a request never granted anything may pass: one that has been, and has handed
+            # its slots back between two prompts, holds none but is no newcomer (A2: it would
+            # pass a waiting holder once per prompt).
+            if (not passed or not ticket.started) and self._fits(ticket._want, holds=ticket.holds):
                 del ring[i]
                 self._take(ticket, ticket._want)
                 ticket._want = 0
