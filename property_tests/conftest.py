@@ -9,8 +9,17 @@
 from __future__ import annotations
 
 import os
+import sys
 
 from hypothesis import HealthCheck, settings
+
+# Hypothesis's pytest plugin imports hypothesis.extra._patching when it reports a failing
+# property (to suggest a patch; it needs libcst, which is not installed, so the import fails
+# with an ImportError it expects). pytest's assertion rewriter compiles the module first, and on
+# CPython 3.11 that compile, deep in a failed test's report, can raise "SystemError: AST
+# constructor recursion depth mismatch": the failure became an INTERNALERROR and tools/mutants.py
+# saw no failing test (slot_leak_on_abort). A None entry makes the import fail at once.
+sys.modules.setdefault("hypothesis.extra._patching", None)  # type: ignore[arg-type]
 
 _common = {
     "deadline": None,

@@ -37,7 +37,7 @@ class Mutant:
 
 # run_error_as_500: the view's non-streaming run (``_collect``), answering any failure with a 500.
 OLD_RUN = (
-    "    async with _run(state, plan, ticket, deadline) as run:\n"
+    "    async with run:\n"
     "        while True:\n"
     "            try:\n"
     "                # A non-streaming run has no heartbeat, so its batches hold no ticks.\n"
@@ -47,7 +47,7 @@ OLD_RUN = (
 )
 NEW_RUN = (
     "    try:\n"
-    "        async with _run(state, plan, ticket, deadline) as run:\n"
+    "        async with run:\n"
     "            while True:\n"
     "                try:\n"
     '                    collector.feed(cast("list[Arrival]", await run.receive_ready()))\n'
@@ -374,7 +374,9 @@ def run_one(mutant: Mutant | None, profile: str, python: str) -> Result:
             "PYTHONDONTWRITEBYTECODE": "1",
         }
         proc = subprocess.run(
-            [python, "-m", "pytest", "property_tests", "-x", "-q", "-p", "no:cacheprovider", "--tb=short"],
+            # native tracebacks: pytest's own rendering parses source with ast, which can hit
+            # CPython 3.11's "AST constructor recursion depth mismatch" in a failed run
+            [python, "-m", "pytest", "property_tests", "-x", "-q", "-p", "no:cacheprovider", "--tb=native"],
             cwd=ROOT,
             env=env,
             capture_output=True,
