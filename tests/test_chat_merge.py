@@ -40,7 +40,7 @@ def chat_plan(body: dict, *, stream: bool, batch: bool = False) -> tuple[Plan, C
 async def stream(body: dict, seed: int = 0, batch: bool = False) -> tuple[Plan, list, list]:
     plan, shape = chat_plan(body, stream=True, batch=batch)
     per_prompt = await generate(plan)
-    merger = ChatStreamMerger(plan, TOK, shape)
+    merger = ChatStreamMerger(plan, TOK, shape=shape)
     raw = b"".join(merger.feed(b) for b in interleave(per_prompt, seed)) + merger.finish()
     assert merger.phase is Phase.DONE
     return plan, per_prompt, parse_sse(raw)
@@ -168,7 +168,7 @@ async def test_continuous_usage_counts_per_choice() -> None:
 
 async def test_an_error_ends_the_stream_and_nothing_follows() -> None:
     plan, shape = chat_plan({"messages": USER, "max_tokens": 4}, stream=True)
-    merger = ChatStreamMerger(plan, TOK, shape)
+    merger = ChatStreamMerger(plan, TOK, shape=shape)
     raw = merger.fail(EngineError("boom"))
     assert parse_sse(raw)[-1] == "[DONE]" and b'"error"' in raw
     with pytest.raises(ProtocolViolation):

@@ -255,8 +255,8 @@ MUTANTS = [
         "chat_merge.py",
         (
             (
-                "            for k in range(plan.n):\n                parts.append(self._sse.role(",
-                "            for k in range(plan.n - (item is plan.items[-1])):\n                parts.append(self._sse.role(",
+                "            for k in range(plan.n):\n                parts.append(self._chat.role(",
+                "            for k in range(plan.n - (item is plan.items[-1])):\n                parts.append(self._chat.role(",
             ),
         ),
         "the last choice of a chat stream gets no role chunk",
@@ -264,7 +264,7 @@ MUTANTS = [
     Mutant(
         "chat_role_repeated",
         "chat_merge.py",
-        (("            self._opened = True\n", "            pass\n"),),
+        (("        self._opened = True\n", "        pass\n"),),
         "every batch of outputs is preceded by the role (and echo) chunks again",
     ),
     Mutant(
@@ -272,11 +272,9 @@ MUTANTS = [
         "chat_merge.py",
         (
             (
-                "        parts = []\n        if not self._opened:",
-                "        parts, opening = [], []\n        if not self._opened:",
+                '        return b"".join(self._open()) + super().feed(arrivals)\n',
+                '        return super().feed(arrivals) + b"".join(self._open())\n',
             ),
-            ("            parts = self._open()\n", "            opening = self._open()\n"),
-            ('        return b"".join(parts)\n', '        return b"".join(parts + opening)\n'),
         ),
         "the role (and echo) chunks are sent after the first outputs' content chunks",
     ),
@@ -285,15 +283,11 @@ MUTANTS = [
         "chat_merge.py",
         (
             (
-                "        parts = []\n        if not self._opened:",
-                "        parts, echoes = [], []\n        if not self._opened:",
+                '        return b"".join(self._open()) + super().feed(arrivals)\n',
+                "        opening = self._open()\n"
+                "        roles, echoes = opening[: self.plan.num_choices], opening[self.plan.num_choices :]\n"
+                '        return b"".join(roles) + super().feed(arrivals) + b"".join(echoes)\n',
             ),
-            (
-                "            parts = self._open()\n",
-                "            parts = self._open()\n"
-                "            parts, echoes = parts[: self.plan.num_choices], parts[self.plan.num_choices :]\n",
-            ),
-            ('        return b"".join(parts)\n', '        return b"".join(parts + echoes)\n'),
         ),
         "the echo chunks are sent after the first outputs' content chunks (the roles still first)",
     ),

@@ -15,10 +15,9 @@ from collections.abc import Iterable
 import attrs
 
 from braid.chat_encode import ChatChoice, ChatSseEncoder, chat_body
-from braid.encode import DONE, Usage
+from braid.encode import Usage
 from braid.engine.base import Tokenizer
-from braid.errors import BraidError
-from braid.merge import Phase, ProtocolViolation
+from braid.merge import ProtocolViolation, StreamMerger
 from braid.plan import Plan
 from braid.render import ChoiceRenderer, render_prompt_logprobs
 from braid.run import Arrival
@@ -41,24 +40,19 @@ def _renderer(plan: Plan, tokenizer: Tokenizer, shape: ChatShape) -> ChoiceRende
 
 
 @attrs.define
-class ChatStreamMerger:
-    plan: Plan
-    tokenizer: Tokenizer
-    shape: ChatShape
-    phase: Phase = Phase.STREAMING
-    _renderer: ChoiceRenderer = attrs.field(init=False)
-    _sse: ChatSseEncoder = attrs.field(init=False)
-    _prompt_tokens: tuple[int, ...] = attrs.field(init=False)
+class ChatStreamMerger(StreamMerger):
+    """:class:`~braid.merge.StreamMerger` with chat's events: the same phases, finish and fail;
+    the first :meth:`feed` opens every choice first."""
+
+    shape: ChatShape = attrs.field(kw_only=True)
+    _chat: ChatSseEncoder = attrs.field(init=False)
+    """The same object as ``_sse``, typed for the role and echo chunks only chat has."""
     _opened: bool = False
 
     def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
         self._renderer = _renderer(self.plan, self.tokenizer, self.shape)
-        self._sse = ChatSseEncoder(self.plan.meta)
-        self._prompt_tokens = tuple(len(i.request.prompt_token_ids) for i in self.plan.items)
-
-    def _require_streaming(self) -> None:
-        if self.phase is not Phase.STREAMING:
-            raise ProtocolViolation("the stream has already ended")
+        self._sse = self._chat = ChatSseEncoder(self.plan.meta)
 
     def _open(self) -> list[bytes]:
         """Every choice's role chunk, then its echo chunk: what vLLM sends on the first output."""
@@ -69,43 +63,22 @@ class ChatStreamMerger:
             usage = Usage(self._prompt_tokens[item.prompt_idx], 0) if continuous else None
             ids = item.request.prompt_token_ids if plan.return_token_ids else None
             for k in range(plan.n):
-                parts.append(self._sse.role(item.prompt_idx * plan.n + k, shape.roles[item.prompt_idx], ids, usage))
+                parts.append(self._chat.role(item.prompt_idx * plan.n + k, shape.roles[item.prompt_idx], ids, usage))
         for item in plan.items:
             text = shape.echo[item.prompt_idx]
             if text:
                 usage = Usage(self._prompt_tokens[item.prompt_idx], 0) if continuous else None
                 for k in range(plan.n):
-                    parts.append(self._sse.echo(item.prompt_idx * plan.n + k, text, usage))
+                    parts.append(self._chat.echo(item.prompt_idx * plan.n + k, text, usage))
         return parts
 
     def feed(self, arrivals: Iterable[Arrival]) -> bytes:
         """All events for these outputs, as one body chunk (possibly empty)."""
+        if self._opened:
+            return super().feed(arrivals)
         self._require_streaming()
-        parts = []
-        if not self._opened:
-            self._opened = True
-            parts = self._open()
-        continuous = self.plan.continuous_usage
-        chunk = self._sse.chunk
-        for prompt_idx, output in arrivals:
-            for c in self._renderer.render(prompt_idx, output):
-                usage = Usage(self._prompt_tokens[prompt_idx], c.completion_tokens) if continuous else None
-                parts.append(chunk(c, usage))
-        return b"".join(parts)
-
-    def finish(self) -> bytes:
-        self._require_streaming()
-        if not self._renderer.all_finished:
-            raise ProtocolViolation("the stream ended before every choice finished")
-        self.phase = Phase.DONE
-        if self.plan.include_usage:
-            return self._sse.usage(_usage(self.plan, self._renderer)) + DONE
-        return DONE
-
-    def fail(self, err: BraidError) -> bytes:
-        self._require_streaming()
-        self.phase = Phase.DONE
-        return self._sse.error(err) + DONE
+        self._opened = True
+        return b"".join(self._open()) + super().feed(arrivals)
 
 
 @attrs.define

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
+from typing import Protocol
 
 import attrs
 
@@ -35,13 +36,24 @@ class Phase(enum.Enum):
     DONE = "done"
 
 
+class EventEncoder(Protocol):
+    """A stream's event shapes: :class:`~braid.encode.SseEncoder` (completions) or
+    :class:`~braid.chat_encode.ChatSseEncoder` (chat)."""
+
+    def chunk(self, c: ChoiceChunk, usage: Usage | None) -> bytes: ...
+
+    def usage(self, usage: Usage) -> bytes: ...
+
+    def error(self, err: BraidError) -> bytes: ...
+
+
 @attrs.define
 class StreamMerger:
     plan: Plan
     tokenizer: Tokenizer
     phase: Phase = Phase.STREAMING
     _renderer: ChoiceRenderer = attrs.field(init=False)
-    _sse: SseEncoder = attrs.field(init=False)
+    _sse: EventEncoder = attrs.field(init=False)
     _prompt_tokens: tuple[int, ...] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:

@@ -209,7 +209,7 @@ async def _chat(
         raise
     tokenizer = state.engine.tokenizer
     if plan.stream:
-        return _stream(_run(state, plan, ticket, arrived, deadline), ChatStreamMerger(plan, tokenizer, shape))
+        return _stream(_run(state, plan, ticket, arrived, deadline), ChatStreamMerger(plan, tokenizer, shape=shape))
     run = _run(state, plan, ticket, arrived, deadline)
     return await _collect(run, request_id, ChatResponseCollector(plan, tokenizer, shape))
 
