@@ -18,7 +18,7 @@ does not parse tool calls), and a request's own ``chat_template`` needs the serv
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import attrs
 import msgspec
@@ -30,55 +30,24 @@ from braid.request import (
     INT64_MIN,
     CompletionBody,
     Limits,
-    StreamOptions,
+    SamplingBody,
     _check_fields,
     decode_body,
     structured_of,
 )
-from braid.structured import GUIDED_SCHEMAS, RESPONSE_FORMAT_SCHEMA, STRUCTURED_OUTPUTS_SCHEMA, Structured
+from braid.structured import Structured
 
 
-class ChatBody(msgspec.Struct):
+class ChatBody(SamplingBody):
     """The body of ``POST /v1/chat/completions`` (``messages``: one conversation) and of its batch
-    route (``messages``: a list of conversations). Unknown fields are ignored, as in vLLM."""
+    route (``messages``: a list of conversations): the shared fields and chat's own."""
 
     messages: Any = None
-    model: str | None = None
-    max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    n: int = 1
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    include_stop_str_in_output: bool = False
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
-    logit_bias: dict[str, float] | None = None
-    allowed_token_ids: list[int] | None = None
-    bad_words: list[str] | None = None
-    stream: bool | None = None
-    stream_options: StreamOptions | None = None
     echo: bool = False
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    prompt_logprobs: int | None = None
-    return_token_ids: bool | None = None
-    return_tokens_as_token_ids: bool | None = None
     add_special_tokens: bool = False
-    truncate_prompt_tokens: int | None = None
-    truncation_side: Literal["left", "right"] | None = None
-    request_id: str | None = None
-    user: str | None = None
-    priority: int = 0
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template: str | None = None
@@ -87,27 +56,12 @@ class ChatBody(msgspec.Struct):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
-    # Checked by the completions rules (structured output: braid.structured).
-    use_beam_search: bool = False
-    best_of: int | None = None
-    response_format: Annotated[Any, msgspec.Meta(extra_json_schema=RESPONSE_FORMAT_SCHEMA)] = None
-    structured_outputs: Annotated[Any, msgspec.Meta(extra_json_schema=STRUCTURED_OUTPUTS_SCHEMA)] = None
-    guided_json: Annotated[Any, msgspec.Meta(extra_json_schema=GUIDED_SCHEMAS["guided_json"])] = None
-    guided_regex: Annotated[Any, msgspec.Meta(extra_json_schema=GUIDED_SCHEMAS["guided_regex"])] = None
-    guided_choice: Annotated[Any, msgspec.Meta(extra_json_schema=GUIDED_SCHEMAS["guided_choice"])] = None
-    guided_grammar: Annotated[Any, msgspec.Meta(extra_json_schema=GUIDED_SCHEMAS["guided_grammar"])] = None
-    logprob_token_ids: Any = None
-    repetition_detection: Any = None
 
 
 _DECODER = msgspec.json.Decoder(ChatBody)
 
-# Carried over to the completions body by name.
-_SHARED = tuple(
-    name
-    for name in ChatBody.__struct_fields__
-    if name in CompletionBody.__struct_fields__ and name not in {"max_tokens", "logprobs", "echo"}
-)
+# Carried over to the completions body by name (max_tokens: chat's rule, below).
+_SHARED = tuple(name for name in SamplingBody.__struct_fields__ if name != "max_tokens")
 
 
 @attrs.frozen
@@ -214,6 +168,7 @@ def parse_chat(
         # no limit: the context's room (the plan shrinks it to what each prompt leaves)
         max_tokens=max_model_len if max_tokens is None else max_tokens,
         logprobs=top if b.logprobs else None,
+        add_special_tokens=b.add_special_tokens,  # chat's default is false
     )
     _check_fields(carried, limits)
     if b.echo and b.prompt_logprobs is None:

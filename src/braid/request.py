@@ -99,12 +99,12 @@ class StreamOptions(msgspec.Struct):
     continuous_usage_stats: bool | None = None
 
 
-class CompletionBody(msgspec.Struct):
-    """The body of ``POST /v1/completions``. Unknown fields are ignored; a nullable field's
-    ``null`` means absent, as in vLLM."""
+class SamplingBody(msgspec.Struct):
+    """The fields ``/v1/completions`` and the chat routes share, by name, type and default (the
+    base of :class:`CompletionBody` and :class:`braid.chat_request.ChatBody`). Unknown fields are
+    ignored; a nullable field's ``null`` means absent, as in vLLM."""
 
     model: str | None = None
-    prompt: Annotated[Any, msgspec.Meta(extra_json_schema=_PROMPT_SCHEMA)] = None
     max_tokens: int | None = None
     n: int = 1
     temperature: float | None = None
@@ -127,12 +127,9 @@ class CompletionBody(msgspec.Struct):
     bad_words: list[str] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    echo: bool | None = None
-    logprobs: int | None = None
     prompt_logprobs: int | None = None
     return_token_ids: bool | None = None
     return_tokens_as_token_ids: bool | None = None
-    add_special_tokens: bool = True
     truncate_prompt_tokens: int | None = None
     truncation_side: Literal["left", "right"] | None = None
     request_id: str | None = None
@@ -146,12 +143,22 @@ class CompletionBody(msgspec.Struct):
     guided_choice: Annotated[Any, msgspec.Meta(extra_json_schema=GUIDED_SCHEMAS["guided_choice"])] = None
     guided_grammar: Annotated[Any, msgspec.Meta(extra_json_schema=GUIDED_SCHEMAS["guided_grammar"])] = None
     # Fields that change the output and that braid refuses (see _UNSUPPORTED).
-    suffix: str | None = None
     use_beam_search: bool = False
     best_of: int | None = None
-    prompt_embeds: Any = None
     logprob_token_ids: Any = None
     repetition_detection: Any = None
+
+
+class CompletionBody(SamplingBody):
+    """The body of ``POST /v1/completions``: the shared fields and the completions-only ones."""
+
+    prompt: Annotated[Any, msgspec.Meta(extra_json_schema=_PROMPT_SCHEMA)] = None
+    echo: bool | None = None
+    logprobs: int | None = None
+    add_special_tokens: bool = True
+    # Refused (see _UNSUPPORTED).
+    suffix: str | None = None
+    prompt_embeds: Any = None
 
 
 _DECODER = msgspec.json.Decoder(CompletionBody)
