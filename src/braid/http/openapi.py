@@ -242,20 +242,7 @@ def _operations() -> tuple[_Operation, ...]:
             "post",
             "/v1/completions",
             "Create a completion (OpenAI's legacy completions API, as vLLM serves it)",
-            (
-                completion,
-                *_errors(
-                    errors.InvalidRequest,
-                    errors.SchemaError,
-                    errors.ModelNotFound,
-                    errors.DeadlineExceeded,
-                    errors.BodyTimeout,
-                    errors.BodyTooLarge,
-                    errors.TooManyRequests,
-                    errors.EngineError,
-                    errors.EngineUnavailable,
-                ),
-            ),
+            (completion, *generation_errors),
             request={
                 "required": True,
                 "content": {
@@ -265,15 +252,7 @@ def _operations() -> tuple[_Operation, ...]:
                     }
                 },
             },
-            parameters=(
-                {
-                    "name": "X-Request-Id",
-                    "in": "header",
-                    "required": False,
-                    "description": "The response's id (and the engine requests' ids) instead of a random one.",
-                    "schema": {"type": "string"},
-                },
-            ),
+            parameters=(request_id,),
         ),
         _Operation(
             "get",
