@@ -31,7 +31,7 @@ import trio.testing
 
 from braid.admit import Admission, Ticket
 from braid.encode import error_body
-from braid.engine.base import EngineOutput, EngineRequest, FailureHandler
+from braid.engine.base import Deliver, EngineOutput, EngineRequest, FailureHandler
 from braid.engine.scripted import ScriptedEngine
 from braid.errors import BraidError, EngineError, EngineRejected
 from braid.http.view import AppState, JsonResponse, chat_completions, completions
@@ -255,7 +255,7 @@ class RecordingEngine:
 
     @asynccontextmanager
     async def open_request(
-        self, request: EngineRequest, on_failure: FailureHandler | None = None
+        self, request: EngineRequest, on_failure: FailureHandler | None = None, deliver: Deliver | None = None
     ) -> AsyncIterator[AsyncIterator[EngineOutput]]:
         base, _, idx = request.request_id.rpartition("-")
         rec, patterns = self.requests[base]
@@ -263,6 +263,17 @@ class RecordingEngine:
         pattern = patterns[prompt % len(patterns)]
         error: str | None = None
         reported: list[str] = []
+
+        def recorded_deliver(out: EngineOutput) -> bool:
+            assert deliver is not None
+            taken = deliver(out)
+            if taken:
+                _record_output(rec, prompt, out)
+            return taken
+
+        # Without step delays the engine's own hand-over is exercised too (with them, an output
+        # delivered during a delay would overtake the one being delayed).
+        direct = recorded_deliver if deliver is not None and not any(pattern) else None
 
         def failed(err: BraidError) -> None:
             # The engine's report, at the moment it knows: the abort bound runs from here.
@@ -274,7 +285,7 @@ class RecordingEngine:
         rec.open_engine.add(prompt)
         rec.add("engine_open", prompt=prompt, prompt_tokens=len(request.prompt_token_ids))
         try:
-            async with self.inner.open_request(request, failed) as outputs:
+            async with self.inner.open_request(request, failed, direct) as outputs:
                 timed = self._timed(outputs, rec, prompt, pattern)
                 try:
                     yield timed
@@ -306,12 +317,16 @@ class RecordingEngine:
             step += 1
             if extra > 0:
                 await trio.sleep(extra)
-            rec.add(
-                "engine_output",
-                prompt=prompt,
-                deltas=[[d.index, d.text, len(d.token_ids), d.finish_reason] for d in out.choices],
-            )
+            _record_output(rec, prompt, out)
             yield out
+
+
+def _record_output(rec: Recorder, prompt: int, out: EngineOutput) -> None:
+    rec.add(
+        "engine_output",
+        prompt=prompt,
+        deltas=[[d.index, d.text, len(d.token_ids), d.finish_reason] for d in out.choices],
+    )
 
 
 async def _client_send(rec: Recorder, data: bytes, wait: float) -> None:

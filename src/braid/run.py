@@ -9,6 +9,12 @@
   first step (the engine's input processing and the add) is synchronous, and 1024 of them in
   one round held every other stream of the server up (docs/performance.md, round 4). A driver
   whose chunk starts after the run was cancelled opens no engine request.
+* A driver owns its engine request (open, abort, failure, the slot it holds) but is not woken
+  for each output: it passes the engine a ``deliver`` function, and an engine that supports it
+  (vLLM's) puts each output into the channel itself where it makes it, as long as the channel has
+  room and the run is not ending (:mod:`braid.engine.base`). Otherwise the driver takes the
+  output from the iterator and sends it, waiting for room. Either way the channel holds the
+  prompt's outputs in order, and the driver ends after the last.
 * When an engine request fails, the run records the error and cancels the inner nursery at once,
   so every sibling is aborted immediately, not when the consumer gets round to the error. The
   engine reports the failure through the ``on_failure`` handler its driver passes to
@@ -99,6 +105,10 @@ class CompletionRun:
     heartbeat: Heartbeat | None = attrs.field(init=False)
     """The stream's heartbeat (a streaming plan's run only)."""
     error: BraidError | None = None
+    relayed: bool = False
+    """Whether a driver has handed an output over since the consumer last cleared this (the
+    consumer gathers for a few rounds then: :func:`braid.http.body._gather`); outputs the engine
+    delivered itself do not set it."""
     _outer_cm: AbstractAsyncContextManager[trio.Nursery] | None = None
     _outer: trio.Nursery | None = None
     _inner: trio.Nursery | None = None
@@ -244,6 +254,7 @@ class CompletionRun:
         finished = False
         failed = False  # the engine ended this request itself: an error, not an abort
         request_id = item.request.request_id
+        prompt_idx = item.prompt_idx
         assert self.arrived is not None  # set on entering the run
         arrived = self.arrived
         clock = trio.lowlevel.current_clock().current_time  # trio.current_time without its lookups
@@ -257,6 +268,29 @@ class CompletionRun:
             failed = True
             self.abort_all(err)
 
+        def seen(output: EngineOutput) -> None:
+            nonlocal finished
+            finished = output.finished
+            now = clock()
+            if timer is not None:
+                timer.seen(output.choices, now)
+            if finished:
+                m.e2e_latency.observe(now - arrived)
+
+        def deliver(output: EngineOutput) -> bool:
+            # The engine's hand-over where it makes the output (braid.engine.base): straight into
+            # the channel, without waking this driver. Refused once the run is ending (an
+            # aborted request's final output is not a result) and when the channel is full
+            # (the driver then takes it from the iterator and waits for room, or stalls).
+            if self._cancelled:
+                return False
+            try:
+                send.send_nowait((prompt_idx, output))
+            except trio.WouldBlock:
+                return False
+            seen(output)
+            return True
+
         with send, self._slots():
             # Started in a chunk after the run was cancelled: do not open an engine request
             # only to abort it at once.
@@ -266,16 +300,12 @@ class CompletionRun:
             self._reached += 1
             self._open_ids.add(request_id)
             try:
-                async with self.engine.open_request(item.request, on_failure) as outputs:
+                async with self.engine.open_request(item.request, on_failure, deliver) as outputs:
                     try:
                         async for output in outputs:
-                            finished = output.finished
-                            now = clock()
-                            if timer is not None:
-                                timer.seen(output.choices, now)
-                            if finished:
-                                m.e2e_latency.observe(now - arrived)
-                            arrival = (item.prompt_idx, output)
+                            seen(output)
+                            arrival = (prompt_idx, output)
+                            self.relayed = True
                             try:
                                 send.send_nowait(arrival)  # the usual case; the engine loop checkpoints
                             except trio.WouldBlock:

@@ -143,7 +143,7 @@ class EmptyDeltaEngine(ScriptedEngine):
 
     @asynccontextmanager
     async def open_request(
-        self, request: EngineRequest, on_failure: object = None
+        self, request: EngineRequest, on_failure: object = None, deliver: object = None
     ) -> AsyncIterator[AsyncIterator[EngineOutput]]:
         async def outputs() -> AsyncIterator[EngineOutput]:
             await trio.sleep(6)
@@ -173,6 +173,8 @@ async def test_an_output_that_encodes_to_nothing_does_not_restart_the_heartbeat(
 class _TimedArrivals:
     """A run that delivers fixed batches of arrivals at fixed times (no clock task: the ticks are
     in the batches), so a test can put a tick and an output in the same batch."""
+
+    relayed = False  # its arrivals count as the engine's own deliveries: no gathering
 
     def __init__(self, batches: list[tuple[float, list[object]]], heartbeat: float) -> None:
         self.batches = batches

@@ -32,6 +32,17 @@ Contract:
   from inside the engine's own output processing (so the handler may abort requests). The
   iterator raises the same error when its reader gets there. A failure raised by
   ``open_request`` itself, before the block, is not reported this way; neither is an abort.
+* **Outputs may be delivered where they are made.** ``open_request(request, on_failure,
+  deliver)``: an engine may hand an output to ``deliver(output)`` at the moment it produces it
+  (on the Trio thread), instead of waking the reader to yield it, but only while nothing of the
+  request waits to be read. ``deliver`` returns True when it took the output; False when it
+  cannot now (its consumer is full, or the request's run is ending), and the engine then keeps
+  that output, merges later ones into it, and yields it from the iterator as usual. The
+  iterator ends after the last output either way; a failure is never delivered (it is raised
+  by the iterator). ``deliver`` does not call back into the engine, and an engine stops calling
+  it once the block is left. An engine that never calls it is correct; its reader just wakes
+  once per output. (This saves a task switch per output on the hot path:
+  docs/performance.md, round 10.)
 * A structured-output constraint (``SamplingParams.structured_outputs``) is checked with
   :func:`check_structured` before the response starts, so that a constraint the engine cannot
   compile is a 400, not an error after a stream's 200.
@@ -144,6 +155,9 @@ class EngineOutput:
 FailureHandler = Callable[[BraidError], None]
 """Called with a request's error as soon as the engine knows it failed (see the module docstring)."""
 
+Deliver = Callable[[EngineOutput], bool]
+"""Takes an output where the engine makes it, or says it cannot now (see the module docstring)."""
+
 
 class Tokenizer(Protocol):
     """A model's tokenizer, used on the Trio thread. ``decode``, ``token_strs`` and
@@ -207,7 +221,7 @@ class Engine(Protocol):
         ...
 
     def open_request(
-        self, request: EngineRequest, on_failure: FailureHandler | None = None
+        self, request: EngineRequest, on_failure: FailureHandler | None = None, deliver: Deliver | None = None
     ) -> AbstractAsyncContextManager[AsyncIterator[EngineOutput]]: ...
 
     def abort_requests(self, request_ids: Sequence[str]) -> None:

@@ -63,6 +63,7 @@ import trio
 
 from braid.engine.base import (
     ChoiceDelta,
+    Deliver,
     EngineOutput,
     EngineRequest,
     FailureHandler,
@@ -298,17 +299,28 @@ class _Generation:
 class _Pending:
     """What a request has generated and its reader has not taken yet: its deltas (merged into one
     output when taken, as vLLM's ``RequestOutputCollector`` merges them), or its error, which
-    replaces them. A ``final_only`` request's output is ready only once it has finished."""
+    replaces them. A ``final_only`` request's output is ready only once it has finished.
 
-    __slots__ = ("_error", "_final_only", "_held", "_wakeup")
+    A streamed output that finds nothing held goes to ``deliver`` when there is one and it takes
+    it (braid.engine.base); the reader is then woken only for the last."""
 
-    def __init__(self, final_only: bool) -> None:
+    __slots__ = ("_delivered_last", "_error", "_final_only", "_held", "_wakeup", "deliver")
+
+    def __init__(self, final_only: bool, deliver: Deliver | None = None) -> None:
         self._final_only = final_only
         self._held: list[EngineOutput] = []
         self._error: BraidError | None = None
         self._wakeup: trio.Event | None = None
+        self._delivered_last = False
+        self.deliver = None if final_only else deliver
 
     def put(self, output: EngineOutput) -> None:
+        deliver = self.deliver
+        if not self._held and deliver is not None and deliver(output):
+            if output.finished:
+                self._delivered_last = True
+                self._wake()
+            return
         self._held.append(output)
         if not self._final_only or output.finished:
             self._wake()
@@ -324,7 +336,7 @@ class _Pending:
             self._wakeup = None
 
     def _ready(self) -> bool:
-        if self._error is not None:
+        if self._error is not None or self._delivered_last:
             return True
         return bool(self._held) and (not self._final_only or self._held[-1].finished)
 
@@ -335,6 +347,8 @@ class _Pending:
                 await wakeup.wait()
             if self._error is not None:
                 raise self._error
+            if not self._held:  # the last output was delivered
+                return
             held, self._held = self._held, []
             output = held[0] if len(held) == 1 else join_deltas(held)
             yield output
@@ -446,10 +460,11 @@ class ScriptedEngine:
 
     @asynccontextmanager
     async def open_request(
-        self, request: EngineRequest, on_failure: FailureHandler | None = None
+        self, request: EngineRequest, on_failure: FailureHandler | None = None, deliver: Deliver | None = None
     ) -> AsyncIterator[AsyncIterator[EngineOutput]]:
         """Run one request (see the module docstring for its pace and faults). Leaving early
-        (cancellation included) aborts it; nothing here waits for anything on exit."""
+        (cancellation included) aborts it; nothing here waits for anything on exit. On its own
+        clock it delivers outputs with ``deliver``; in lockstep its reader asks for each."""
         if not self.healthy:
             raise EngineUnavailable("The engine is not running.")
         try:
@@ -474,7 +489,7 @@ class ScriptedEngine:
         self.in_flight += 1
         try:
             if self.token_delay > 0:
-                async with _on_own_clock(gen, failed) as outputs:
+                async with _on_own_clock(gen, failed, deliver) as outputs:
                     yield outputs
             else:
                 outputs = gen.lockstep(failed)
@@ -492,7 +507,7 @@ class ScriptedEngine:
 
 @asynccontextmanager
 async def _on_own_clock(
-    gen: _Generation, on_failure: FailureHandler | None
+    gen: _Generation, on_failure: FailureHandler | None, deliver: Deliver | None
 ) -> AsyncIterator[AsyncIterator[EngineOutput]]:
     """``gen`` generating in a task of its own for the duration of the block.
 
@@ -500,7 +515,7 @@ async def _on_own_clock(
     nursery's exception group: the task never raises (it hands its fault to the reader), so the
     only thing the nursery can add is a ``Cancelled``.
     """
-    pending = _Pending(gen.request.final_only)
+    pending = _Pending(gen.request.final_only, deliver)
     raised: BaseException | None = None
     try:
         async with trio.open_nursery() as nursery:
@@ -511,6 +526,7 @@ async def _on_own_clock(
             except BaseException as exc:  # noqa: BLE001 - raised again below, as itself
                 raised = exc
             finally:
+                pending.deliver = None  # left: nothing more reaches the reader's run
                 nursery.cancel_scope.cancel()
                 await outputs.aclose()
     except BaseExceptionGroup as group:

@@ -24,7 +24,7 @@ import attrs
 import trio
 
 from braid.engine.asyncio_bridge import AsyncioThread, open_asyncio_thread
-from braid.engine.base import Engine, EngineOutput, EngineRequest, FailureHandler, ModelInfo, SamplingParams
+from braid.engine.base import Deliver, Engine, EngineOutput, EngineRequest, FailureHandler, ModelInfo, SamplingParams
 from braid.engine.vllm_common import (
     CPU_ENGINE_ARGS,
     HfTokenizer,
@@ -88,7 +88,10 @@ class VllmEngine:
 
     @asynccontextmanager
     async def open_request(
-        self, request: EngineRequest, on_failure: FailureHandler | None = None
+        self,
+        request: EngineRequest,
+        on_failure: FailureHandler | None = None,
+        deliver: Deliver | None = None,  # not used: outputs cross from the asyncio thread to the reader
     ) -> AsyncIterator[AsyncIterator[EngineOutput]]:
         if self.llm.errored:
             raise EngineUnavailable("The engine is not running.")

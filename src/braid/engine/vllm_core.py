@@ -40,10 +40,11 @@ from typing import Any
 import attrs
 import trio
 
-from braid.engine.base import EngineOutput, EngineRequest, FailureHandler, ModelInfo, SamplingParams
+from braid.engine.base import Deliver, EngineOutput, EngineRequest, FailureHandler, ModelInfo, SamplingParams
 from braid.engine.vllm_common import (
     HfTokenizer,
     check_structured,
+    convert_output,
     engine_outputs,
     fail_after,
     map_error,
@@ -61,6 +62,11 @@ class OutputSlot:
     """One request's hand-off from the output pump to its reader (vLLM's ``RequestOutputCollector``
     for Trio; vLLM's output processor calls :meth:`put`, on the Trio thread).
 
+    With a ``deliver`` function (the run's, see :mod:`braid.engine.base`), an output that finds
+    nothing waiting is converted and handed to it right here, inside vLLM's output processing:
+    the reader is not woken, unless it was the last output (then it wakes to see the end). When
+    ``deliver`` refuses, the output waits for the reader as below.
+
     While the reader lags, streamed deltas merge into one output (``RequestOutput.add``), so what
     waits is at most one output per request however slow the reader is. A failure (an exception
     put here when the engine died, or an output that finished with an error) replaces what waits
@@ -69,18 +75,34 @@ class OutputSlot:
     handler aborts requests and vLLM's output processor must not be re-entered.
     """
 
-    __slots__ = ("_aggregate", "_ended", "_error", "_failures", "_output", "_wakeup", "on_failure")
+    __slots__ = (
+        "_aggregate",
+        "_delivered_last",
+        "_ended",
+        "_error",
+        "_failures",
+        "_output",
+        "_wakeup",
+        "deliver",
+        "on_failure",
+    )
 
     def __init__(
-        self, aggregate: bool, failures: list[OutputSlot] | None = None, on_failure: FailureHandler | None = None
+        self,
+        aggregate: bool,
+        failures: list[OutputSlot] | None = None,
+        on_failure: FailureHandler | None = None,
+        deliver: Deliver | None = None,
     ) -> None:
         self._aggregate = aggregate
         self._output: Any = None
         self._error: BraidError | None = None
         self._wakeup: trio.Event | None = None
         self._ended = False
+        self._delivered_last = False  # the finished output went to ``deliver``: the reader sees the end
         self._failures = failures
         self.on_failure = on_failure
+        self.deliver = deliver
 
     def put(self, output: Any) -> None:
         if self._error is not None:
@@ -93,6 +115,12 @@ class OutputSlot:
             return
         held = self._output
         if held is None:
+            deliver = self.deliver
+            if deliver is not None and deliver(convert_output(output)):
+                if output.finished:
+                    self._delivered_last = True
+                    self._wake()
+                return
             self._output = output
         else:
             held.add(output, aggregate=self._aggregate)
@@ -127,7 +155,7 @@ class OutputSlot:
         """
         if self._ended:
             raise trio.EndOfChannel
-        while self._output is None and self._error is None:
+        while self._output is None and self._error is None and not self._delivered_last:
             self._wakeup = wakeup = trio.Event()
             await wakeup.wait()
         # A reader that is cancelled gets Cancelled, not what is ready: when a run fails, braid
@@ -137,6 +165,9 @@ class OutputSlot:
         if self._error is not None:
             self._ended = True
             raise self._error
+        if self._output is None:  # the last output was delivered
+            self._ended = True
+            raise trio.EndOfChannel
         out, self._output = self._output, None
         self._ended = out.finished
         return [out]
@@ -150,9 +181,14 @@ class FaultySlot(OutputSlot):
     __slots__ = ("_fail_after", "_produced")
 
     def __init__(
-        self, aggregate: bool, failures: list[OutputSlot], on_failure: FailureHandler | None, fail_after: int
+        self,
+        aggregate: bool,
+        failures: list[OutputSlot],
+        on_failure: FailureHandler | None,
+        deliver: Deliver | None,
+        fail_after: int,
     ) -> None:
-        super().__init__(aggregate, failures, on_failure)
+        super().__init__(aggregate, failures, on_failure, deliver)
         self._fail_after = fail_after
         self._produced = 0  # tokens of the longest choice so far
 
@@ -253,7 +289,7 @@ class VllmCoreEngine:
 
     @asynccontextmanager
     async def open_request(
-        self, request: EngineRequest, on_failure: FailureHandler | None = None
+        self, request: EngineRequest, on_failure: FailureHandler | None = None, deliver: Deliver | None = None
     ) -> AsyncIterator[AsyncIterator[EngineOutput]]:
         if self._dead is not None:
             raise EngineUnavailable("The engine is not running.")
@@ -271,9 +307,9 @@ class VllmCoreEngine:
         internal_id = core_request.request_id
         fault = fail_after(request, self.fault_hooks)
         slot = (
-            OutputSlot(not request.final_only, self._failures, on_failure)
+            OutputSlot(not request.final_only, self._failures, on_failure, deliver)
             if fault is None
-            else FaultySlot(not request.final_only, self._failures, on_failure, fault)
+            else FaultySlot(not request.final_only, self._failures, on_failure, deliver, fault)
         )
         try:
             self._add(core_request, request.prompt_text, slot)
@@ -286,6 +322,7 @@ class VllmCoreEngine:
         try:
             yield agen
         finally:
+            slot.deliver = None  # the block is left: the abort's own final output must not reach the run
             await agen.aclose()
             # A finished request is gone from the output processor already; this finds nothing.
             self._forget(internal_id)

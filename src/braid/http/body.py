@@ -5,9 +5,10 @@ run's nursery lives between ``__aenter__`` and ``__aexit__`` and ``__anext__`` i
 no nursery or cancel scope is held across a ``yield`` (trio forbids that in async generators).
 
 Each ``__anext__`` returns every event that is ready as one body chunk: one event when the stream
-is idle, many under load, because each body send costs far more than encoding an event. Once it
-has an event it gathers for a few scheduler rounds more while the producers keep adding (a
-producer faster than the sends; see :func:`_gather`), never waiting on a clock. When nothing
+is idle, many under load, because each body send costs far more than encoding an event. When
+drivers handed its events over (not the engine itself, see :mod:`braid.run`), it gathers for a
+few scheduler rounds more while they keep adding (a producer faster than the sends; see
+:func:`_gather`), never waiting on a clock. When nothing
 arrives for the heartbeat's period it returns an SSE comment, which keeps proxies from timing
 out an idle stream (the rules are :mod:`braid.heartbeat`'s). When the client disconnects, quart cancels this task; ``__aexit__``
 then aborts every engine request of the run before it returns.
@@ -61,6 +62,7 @@ class CompletionStream(ResponseBody):
         heartbeat = self._heartbeat
         heartbeat.new_chunk()
         while merger.phase is Phase.STREAMING:
+            waited = False
             try:
                 ready = run.take_ready()
                 arrivals: list[Arrival] | None
@@ -73,11 +75,17 @@ class CompletionStream(ResponseBody):
                     arrivals = await heartbeat.wait(run.receive_ready)
                     if arrivals is None:
                         return HEARTBEAT
+                    waited = True
             except trio.EndOfChannel:
                 return merger.finish()
             except BraidError as err:
                 return merger.fail(err)
-            await _gather(run, arrivals)
+            if run.relayed or not waited:
+                # Drivers hand over in the same rounds as this task runs: gather what they add.
+                # Outputs the engine delivered came all at once, before this task woke, so
+                # there is nothing to gather, and the wait was this chunk's checkpoint.
+                run.relayed = False
+                await _gather(run, arrivals)
             data = merger.feed(arrivals)
             if data:
                 return data
