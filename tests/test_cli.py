@@ -439,7 +439,10 @@ def test_json_logs_from_braid_serve() -> None:
 def test_openai_client_chat(braid_url: str) -> None:
     client = openai.OpenAI(base_url=braid_url + "/v1", api_key="unused", max_retries=0)
     messages: list[Any] = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
-    done = client.chat.completions.create(model="scripted", messages=messages, max_tokens=6, seed=2, n=2)
+    # min_tokens: no choice may end at once with EOS (the check below wants text in each)
+    done = client.chat.completions.create(
+        model="scripted", messages=messages, max_tokens=6, seed=2, n=2, extra_body={"min_tokens": 2}
+    )
     assert [c.index for c in done.choices] == [0, 1]
     assert all(c.message.role == "assistant" and c.message.content for c in done.choices)
     assert done.usage is not None and done.usage.completion_tokens > 0
@@ -452,6 +455,7 @@ def test_openai_client_chat(braid_url: str) -> None:
         n=2,
         stream=True,
         stream_options={"include_usage": True},
+        extra_body={"min_tokens": 2},
     )
     texts: dict[int, str] = {}
     roles: dict[int, str] = {}

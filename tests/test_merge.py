@@ -291,7 +291,9 @@ async def test_nothing_is_accepted_after_done() -> None:
 
 
 async def test_fail_gives_an_error_event_then_done_and_nothing_after() -> None:
-    plan = make({"prompt": ["a", "b"], "max_tokens": 6, "stream_options": {"include_usage": True}}, stream=True)
+    plan = make(
+        {"prompt": ["a", "b"], "max_tokens": 6, "min_tokens": 2, "stream_options": {"include_usage": True}}, stream=True
+    )
     per_prompt = await generate(plan)
     merger = StreamMerger(plan, TOK)
     partial = parse_sse(merger.feed([(0, per_prompt[0][0]), (1, per_prompt[1][0])]))

@@ -148,6 +148,27 @@ def _unit(*parts: object) -> float:
     return struct.unpack("<Q", digest)[0] / 2**64
 
 
+_MASK64 = 2**64 - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def _seed_of(*parts: object) -> int:
+    """A choice's 64-bit seed, hashed once: its tokens are drawn from it by :func:`_draw`."""
+    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little")
+
+
+def _draw(seed: int, step: int) -> int:
+    """A deterministic 64-bit number for a choice's step (SplitMix64's output function).
+
+    A few integer operations instead of hashing the prompt at every token: the front-end ceiling
+    (bench/ceiling.py) runs this engine at full speed, so its per-token cost counts as braid's.
+    """
+    x = (seed + (step + 1) * _GOLDEN) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
 def _logprob_of(*parts: object) -> float:
     return math.log(0.05 + 0.9 * _unit("lp", *parts))
 
@@ -171,6 +192,7 @@ def _top(token_id: int, k: int, *parts: object) -> TopLogprobs:
 @attrs.define
 class _Choice:
     k: int
+    seed: int = 0  # what its tokens are drawn from (_draw)
     text: str = ""
     emitted: int = 0
     tokens: int = 0
@@ -197,10 +219,11 @@ class _Generation:
             picked = options[int(_unit("choice", p.seed, self.request.prompt_token_ids, k) * len(options))]
             data = picked.encode("ascii")  # ASCII only (check_structured): one token per character
             return data[choice.tokens] + _OFFSET if choice.tokens < len(data) else EOS
-        key = (p.seed, self.request.prompt_token_ids, k, choice.tokens)
-        if not p.ignore_eos and choice.tokens >= p.min_tokens and _unit("eos", *key) < 1 / 24:
+        x = _draw(choice.seed, choice.tokens)
+        # the low half decides EOS, the high half picks the letter
+        if not p.ignore_eos and choice.tokens >= p.min_tokens and (x & 0xFFFFFFFF) * 24 < 2**32:
             return EOS
-        return _ALPHABET[int(_unit("tok", *key) * len(_ALPHABET))]
+        return _ALPHABET[((x >> 32) * len(_ALPHABET)) >> 32]
 
     def _step(self, choice: _Choice) -> ChoiceDelta:
         p = self.request.params
@@ -250,7 +273,8 @@ class _Generation:
         if self.invalid:
             raise EngineRejected("The scripted engine rejected this prompt (braid:invalid).", param="prompt")
         ids = self.request.prompt_token_ids
-        choices = [_Choice(k) for k in range(self.request.params.n)]
+        p = self.request.params
+        choices = [_Choice(k, _seed_of(p.seed, ids, k if p.temperature > 0 else 0)) for k in range(p.n)]
         prompt_logprobs = self._prompt_logprobs()
         produced = 0
         while True:
