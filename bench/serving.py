@@ -57,11 +57,17 @@ def _config(quick: bool) -> tuple[int, dict[int, int]]:
     return 3, {1: 24, 16: 128, 64: 256}
 
 
+def _num(v: float) -> str:
+    """3 significant digits, without an exponent from 1000 up (1.91e+03 reads as 1,910)."""
+    short = f"{v:.3g}"
+    return f"{v:,.0f}" if "e+" in short else short
+
+
 def _spread(values: list[float]) -> str:
     med = statistics.median(values)
     if len(values) < 2 or med == 0:
-        return f"{med:.3g}"
-    return f"{med:.3g} ({min(values):.3g}–{max(values):.3g})"
+        return _num(med)
+    return f"{_num(med)} ({_num(min(values))}–{_num(max(values))})"
 
 
 def _plots(
