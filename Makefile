@@ -63,6 +63,15 @@ bench: install
 	@command -v wrk >/dev/null || { echo "make bench needs wrk: apt-get install -y wrk"; exit 1; }
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
+# The serving benchmark on a GPU (bench/gpu.py): braid vs vLLM's server on a dummy-weight model of
+# Llama-3-8B's shape, concurrency 1, 64 and 256, into docs/bench/gpu-DATE.md. About 5 minutes on
+# one H100/H200: `make bench-gpu EXTRAS=test,gpu`. On a CPU it runs the small config instead
+# (GPU_BENCH_ARGS=--quick: about 1.5 minutes here). GPU_BENCH_ARGS: see `python -m bench.gpu -h`.
+GPU_BENCH_ARGS ?=
+.PHONY: bench-gpu
+bench-gpu: install
+	$(BIN)/python -m bench.gpu $(GPU_BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) build src/*.egg-info
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from typing import Any
 
@@ -56,11 +57,17 @@ def _config(quick: bool) -> tuple[int, dict[int, int]]:
     return 3, {1: 24, 16: 128, 64: 256}
 
 
+def _num(v: float) -> str:
+    """3 significant digits, without an exponent from 1000 up (1.91e+03 reads as 1,910)."""
+    short = f"{v:.3g}"
+    return f"{v:,.0f}" if "e+" in short else short
+
+
 def _spread(values: list[float]) -> str:
     med = statistics.median(values)
     if len(values) < 2 or med == 0:
-        return f"{med:.3g}"
-    return f"{med:.3g} ({min(values):.3g}–{max(values):.3g})"
+        return _num(med)
+    return f"{_num(med)} ({_num(min(values))}–{_num(max(values))})"
 
 
 def _plots(
@@ -103,6 +110,41 @@ def _plots(
     return tuple(out)
 
 
+def alternating_runs(
+    bench_worker: Worker,
+    servers: dict[str, Any],
+    engine_pids: dict[str, int],
+    argv: Callable[[str, int, int, str], list[str]],
+    concurrencies: Sequence[int],
+    prompts: dict[int, int],
+    rounds: int,
+    between_rounds: Callable[[int], None] | None = None,
+) -> dict[str, dict[int, list[dict[str, Any]]]]:
+    """``rounds`` rounds of ``vllm bench serve`` runs on ``servers["braid"]`` and ``servers["vllm"]``:
+    round 0 runs braid then vLLM at each concurrency, round 1 vLLM then braid, and so on;
+    ``between_rounds(r)`` after round r. ``argv(kind, concurrency, prompts, tag)`` makes a run's
+    flags. Each result (``runs[kind][concurrency]``, one per round) gets ``cpu``: the CPU seconds
+    of the load generator, the server's process and its EngineCore over the run. A run with a
+    failed or missing request raises RuntimeError."""
+    runs: dict[str, dict[int, list[dict[str, Any]]]] = {
+        kind: {c: [] for c in concurrencies} for kind in ("braid", "vllm")
+    }
+    for r in range(rounds):
+        order = ("braid", "vllm") if r % 2 == 0 else ("vllm", "braid")
+        for c in concurrencies:
+            for kind in order:
+                pids = (bench_worker.proc.pid, servers[kind].pid, engine_pids[kind])
+                cpu0 = [cpu_seconds(p) for p in pids]
+                res = bench_worker.call(op="serve", argv=argv(kind, c, prompts[c], f"{kind}-c{c}-r{r}"))
+                res["cpu"] = [cpu_seconds(p) - c0 for p, c0 in zip(pids, cpu0, strict=True)]
+                if res["failed"] or res["completed"] != prompts[c]:
+                    raise RuntimeError(f"{kind} c={c}: {res['failed']} failed: {res['first_errors']}")
+                runs[kind][c].append(res)
+        if between_rounds is not None:
+            between_rounds(r)
+    return runs
+
+
 def run(quick: bool) -> Section:
     started = time.monotonic()
     load_before = os.getloadavg()
@@ -110,10 +152,6 @@ def run(quick: bool) -> Section:
     from tools.servers import tiny_model_dir
 
     model_dir = tiny_model_dir()
-    runs: dict[str, dict[int, list[dict[str, Any]]]] = {
-        "braid": {c: [] for c in CONCURRENCIES},
-        "vllm": {c: [] for c in CONCURRENCIES},
-    }
     offline: list[dict[str, Any]] = []
     with ExitStack() as stack:
         # the workers start (import vLLM) while the servers start
@@ -140,17 +178,8 @@ def run(quick: bool) -> Section:
         for kind in ("braid", "vllm"):  # warm-up, not recorded
             bench_worker.call(op="serve", argv=argv(kind, 16, 16, f"warmup-{kind}"))
         offline_worker.call(op="generate", prompt_token_ids=[[5] * INPUT_LEN] * 16, max_tokens=8)  # warm-up
-        for r in range(rounds):
-            order = ("braid", "vllm") if r % 2 == 0 else ("vllm", "braid")
-            for c in CONCURRENCIES:
-                for kind in order:
-                    pids = (bench_worker.proc.pid, servers[kind].pid, engine_pids[kind])
-                    cpu0 = [cpu_seconds(p) for p in pids]
-                    res = bench_worker.call(op="serve", argv=argv(kind, c, prompts[c], f"{kind}-c{c}-r{r}"))
-                    res["cpu"] = [cpu_seconds(p) - c0 for p, c0 in zip(pids, cpu0, strict=True)]
-                    if res["failed"] or res["completed"] != prompts[c]:
-                        raise RuntimeError(f"{kind} c={c}: {res['failed']} failed: {res['first_errors']}")
-                    runs[kind][c].append(res)
+
+        def offline_run(r: int) -> None:
             cpu0 = cpu_seconds(offline_worker.proc.pid)
             offline.append(
                 offline_worker.call(
@@ -161,6 +190,8 @@ def run(quick: bool) -> Section:
                 )
             )
             offline[-1]["cpu"] = cpu_seconds(offline_worker.proc.pid) - cpu0
+
+        runs = alternating_runs(bench_worker, servers, engine_pids, argv, CONCURRENCIES, prompts, rounds, offline_run)
     total_s = time.monotonic() - started
     load_after = os.getloadavg()
 

