@@ -2,8 +2,10 @@
 
 :class:`CompletionRun` is an async context manager that owns every task and channel of a request:
 
-* ``__aenter__`` opens the *outer* nursery and starts a supervisor in it, which opens the *inner*
-  nursery with one driver per prompt. Drivers send ``(prompt_idx, EngineOutput)`` into clones of
+* ``__aenter__`` opens the *outer* nursery and starts a supervisor in it, which enters the
+  drivers' cancel scope and opens the *inner* nursery there with one driver per prompt (a
+  one-prompt request's driver runs in the supervisor's own task, in the same scope: a task and
+  a nursery fewer for most requests). Drivers send ``(prompt_idx, EngineOutput)`` into clones of
   one bounded memory channel; the consumer reads it with :meth:`receive_ready`.
 * Drivers start :data:`START_CHUNK` at a time, one chunk per scheduler round: each driver's
   first step (the engine's input processing and the add) is synchronous, and 1024 of them in
@@ -15,11 +17,11 @@
   room and the run is not ending (:mod:`braid.engine.base`). Otherwise the driver takes the
   output from the iterator and sends it, waiting for room. Either way the channel holds the
   prompt's outputs in order, and the driver ends after the last.
-* When an engine request fails, the run records the error and cancels the inner nursery at once,
+* When an engine request fails, the run records the error and cancels the drivers' scope at once,
   so every sibling is aborted immediately, not when the consumer gets round to the error. The
   engine reports the failure through the ``on_failure`` handler its driver passes to
   ``Engine.open_request`` as soon as it knows it, so this holds while the driver itself is
-  blocked on a full channel (a client that reads nothing), at no cost per output. Only the inner
+  blocked on a full channel (a client that reads nothing), at no cost per output. Only the drivers'
   scope is cancelled: the consumer, which runs in the body of the outer nursery, can still write
   the error event.
 * A driver that cannot hand an output to the consumer for ``stall_timeout`` seconds (the client
@@ -52,7 +54,7 @@
 * Leaving ``async with`` raises the run's own exception, not the nursery's group around it: the
   error the consumer raised (:meth:`receive_ready` raises the run's error), or the cancellation.
 
-The two nurseries are needed because cancelling a nursery's scope also cancels the body of its
+The drivers get a scope of their own because cancelling a nursery's scope also cancels the body of its
 ``async with``, which here is the consumer still writing the response.
 """
 
@@ -111,7 +113,7 @@ class CompletionRun:
     delivered itself do not set it."""
     _outer_cm: AbstractAsyncContextManager[trio.Nursery] | None = None
     _outer: trio.Nursery | None = None
-    _inner: trio.Nursery | None = None
+    _drivers: trio.CancelScope = attrs.Factory(trio.CancelScope)  # around the drivers (see _supervise)
     _recv: trio.MemoryReceiveChannel[Arrival | Tick] | None = None
     _open_ids: set[str] = attrs.Factory(set)  # engine requests opened and not yet finished
     _cancelled: bool = False
@@ -132,7 +134,7 @@ class CompletionRun:
         try:
             if self.heartbeat is not None:
                 self._outer.start_soon(self.heartbeat.clock, send.clone())
-            self._inner = await self._outer.start(self._supervise, send)
+            self._outer.start_soon(self._supervise, send)
         except BaseException as exc:
             await self._outer_cm.__aexit__(type(exc), exc, exc.__traceback__)
             raise
@@ -141,7 +143,7 @@ class CompletionRun:
         return self
 
     async def __aexit__(self, exc_type, exc, tb) -> bool | None:  # type: ignore[no-untyped-def]
-        assert self._inner is not None and self._outer_cm is not None and self._recv is not None
+        assert self._outer_cm is not None and self._recv is not None
         if exc is not None and not isinstance(exc, trio.Cancelled):
             self._exit_error = True  # before the drivers are cancelled: it is their abort's cause
         if exc is not None or self.error is not None:
@@ -202,8 +204,7 @@ class CompletionRun:
 
     def _cancel_drivers(self) -> None:
         self._abort_open_requests()
-        assert self._inner is not None
-        self._inner.cancel_scope.cancel()
+        self._drivers.cancel()  # before the supervisor has entered it too: it starts cancelled
 
     def _abort_open_requests(self) -> None:
         # Called by whoever sees the cancellation first: an outer cancel scope (client gone,
@@ -214,36 +215,42 @@ class CompletionRun:
         if self._open_ids:
             self.engine.abort_requests(sorted(self._open_ids))
 
-    async def _supervise(
-        self,
-        send: trio.MemorySendChannel[Arrival | Tick],
-        task_status: trio.TaskStatus[trio.Nursery] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
+    async def _supervise(self, send: trio.MemorySendChannel[Arrival | Tick]) -> None:
         ticket, cost = self.ticket, self.plan.n
+        items = self.plan.items
+        drivers = self._drivers
+        drivers.deadline = self.deadline
         try:
-            with send:
-                async with trio.open_nursery() as inner:
-                    inner.cancel_scope.deadline = self.deadline
-                    task_status.started(inner)
-                    for i, item in enumerate(self.plan.items):
-                        if i and i % START_CHUNK == 0:
-                            # Each driver's first step (vLLM's input processing and the add)
-                            # runs in the scheduler batch after its start: a chunk per batch,
-                            # so 1024 of them do not hold up every other stream at once.
-                            await trio.lowlevel.checkpoint()
-                        if ticket is not None:
-                            asked = trio.current_time()
-                            await ticket.acquire(cost)  # the driver releases it
-                            if not i:
-                                self.metrics.queue_wait.observe(trio.current_time() - asked)
-                        inner.start_soon(self._drive, item, send.clone())
-                if inner.cancel_scope.cancelled_caught and self.error is None:
-                    # Nothing else cancels the inner scope without setting the error first or
-                    # cancelling this task too (then this line is never reached).
-                    self.error = DeadlineExceeded(
-                        f"The request did not finish within its {self.settings.request_timeout:g} s "
-                        "timeout; its engine work was aborted."
-                    )
+            with send, drivers:
+                if len(items) == 1:
+                    # One prompt (most requests): its driver runs in this task, inside the same
+                    # scope, without a nursery and a task of its own.
+                    if ticket is not None:
+                        asked = trio.current_time()
+                        await ticket.acquire(cost)  # the driver releases it
+                        self.metrics.queue_wait.observe(trio.current_time() - asked)
+                    await self._drive(items[0], send.clone())
+                else:
+                    async with trio.open_nursery() as inner:
+                        for i, item in enumerate(items):
+                            if i and i % START_CHUNK == 0:
+                                # Each driver's first step (vLLM's input processing and the
+                                # add) runs in the scheduler batch after its start: a chunk per
+                                # batch, so 1024 of them do not hold up every other stream.
+                                await trio.lowlevel.checkpoint()
+                            if ticket is not None:
+                                asked = trio.current_time()
+                                await ticket.acquire(cost)  # the driver releases it
+                                if not i:
+                                    self.metrics.queue_wait.observe(trio.current_time() - asked)
+                            inner.start_soon(self._drive, item, send.clone())
+            if drivers.cancelled_caught and self.error is None:
+                # Nothing else cancels the drivers without setting the error first or cancelling
+                # this task too (then this line is never reached).
+                self.error = DeadlineExceeded(
+                    f"The request did not finish within its {self.settings.request_timeout:g} s "
+                    "timeout; its engine work was aborted."
+                )
         finally:
             # The drivers are done: the clock's clone must close too, or the channel never ends.
             if self.heartbeat is not None:
