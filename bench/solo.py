@@ -10,7 +10,7 @@ EngineCore (CPU time is less disturbed by a noisy neighbour than wall-clock rate
 medians. With ``--pyspy FILE`` the first variant's last run is recorded with py-spy (raw
 collapsed stacks, all threads).
 
-Run: python -m bench.solo C N [--rounds R] [--pyspy FILE] VARIANT...
+Run: python -m bench.solo C N [--rounds R] [--output-len L] [--pyspy FILE] VARIANT...
 where VARIANT is ``KIND[:FLAG,FLAG,...][@ENV=VALUE,...]``, e.g. ``braid``, ``braid:--stock-send``,
 ``vllm``, ``braid@PYTHONMALLOC=malloc``.
 """
@@ -47,6 +47,7 @@ def main() -> None:
     p.add_argument("variants", nargs="+")
     p.add_argument("--pyspy", default=None)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--output-len", type=int, default=OUTPUT_LEN, help="tokens per response (ignore_eos)")
     args = p.parse_args()
     from tools.servers import run_braid, run_vllm, tiny_model_dir
 
@@ -71,7 +72,13 @@ def main() -> None:
 
         def argv(srv: Any, c: int, n: int) -> list[str]:
             return bench_serve_argv(
-                srv.url, model_dir, concurrency=c, num_prompts=n, input_len=INPUT_LEN, output_len=OUTPUT_LEN, seed=SEED
+                srv.url,
+                model_dir,
+                concurrency=c,
+                num_prompts=n,
+                input_len=INPUT_LEN,
+                output_len=args.output_len,
+                seed=SEED,
             )
 
         for _, srv, _ in servers:

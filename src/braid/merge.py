@@ -77,6 +77,11 @@ class StreamMerger:
                 parts.append(chunk(c, usage))
         return b"".join(parts)
 
+    @property
+    def all_finished(self) -> bool:
+        """Every choice has had its finish_reason: nothing more can be fed, :meth:`finish` may follow."""
+        return self._renderer.all_finished
+
     def finish(self) -> bytes:
         self._require_streaming()
         if not self._renderer.all_finished:

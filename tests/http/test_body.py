@@ -89,7 +89,8 @@ async def test_idle_stream_sends_one_event_per_send(autojump_clock: trio.testing
         CompletionRun(engine, plan, Metrics(), Settings(heartbeat=15)), StreamMerger(plan, engine.tokenizer)
     )
     sends = await _drain(body)
-    assert [len(parse_sse(s)) for s in sends] == [1, 1, 1, 1, 1, 1]  # 5 tokens, then [DONE]
+    # 5 tokens, one per send; [DONE] rides with the last (the stream is over when its choice finishes)
+    assert [len(parse_sse(s)) for s in sends] == [1, 1, 1, 1, 2]
 
 
 async def test_cancelled_body_aborts_and_writes_nothing_more(autojump_clock: trio.testing.MockClock) -> None:
@@ -124,7 +125,7 @@ async def test_an_idle_stream_pings_once_per_heartbeat_and_a_stale_tick_is_ignor
     pings = [t for t, data in sends if data == HEARTBEAT]
     # tokens at 10 and 20 s; pings 4 s into each idle wait: 4, 8, then 14, 18 (the wait restarts at 10)
     assert pings == [4, 8, 14, 18]
-    assert [t for t, data in sends if data != HEARTBEAT] == [10, 20, 20]
+    assert [t for t, data in sends if data != HEARTBEAT] == [10, 20]  # the last token carries [DONE]
 
 
 async def test_a_finished_run_stops_its_heartbeat_clock(autojump_clock: trio.testing.MockClock) -> None:
@@ -167,7 +168,7 @@ async def test_an_output_that_encodes_to_nothing_does_not_restart_the_heartbeat(
             sends.append((trio.current_time(), data))
     # idle from 0: the ping is due at 10 s even though an (empty) output came at 6 s
     assert sends[0] == (10, HEARTBEAT)
-    assert [t for t, _ in sends[1:]] == [15, 15]
+    assert [t for t, _ in sends[1:]] == [15]  # the token and [DONE], one send
 
 
 class _TimedArrivals:
@@ -213,4 +214,4 @@ async def test_a_tick_that_comes_with_outputs_encoding_to_nothing_still_pings(
     assert sends[0] == (10, HEARTBEAT)
     # the wait after the ping is a fresh period: 25 s comes before its deadline (20 s is the
     # clock's to tick, and this run has no clock)
-    assert [t for t, data in sends[1:]] == [25, 25]
+    assert [t for t, data in sends[1:]] == [25]  # the token and [DONE], one send

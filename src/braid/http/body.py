@@ -87,6 +87,11 @@ class CompletionStream(ResponseBody):
                 run.relayed = False
                 await _gather(run, arrivals)
             data = merger.feed(arrivals)
+            if merger.all_finished:
+                # The last choice just finished: the engine has nothing more to say (its last
+                # output is the one that finishes), so the usage and [DONE] go in this chunk
+                # rather than in one send more once the drivers have ended.
+                return data + merger.finish()
             if data:
                 return data
         raise StopAsyncIteration
