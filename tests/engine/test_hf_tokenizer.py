@@ -78,3 +78,20 @@ def test_a_slow_tokenizer_loops_encode_on_its_copy() -> None:
     tok = HfTokenizer(hf, 100)
     assert tok.encode_many(TEXTS) == [ids(t, True) for t in TEXTS]
     assert hf.encodes == 0  # the Trio thread's instance was not used
+
+
+def test_encode_calls_the_backend_directly_when_it_encodes_alike() -> None:
+    hf = FakeHf(FakeBackend())
+    tok = HfTokenizer(hf, 100)
+    before = hf.encodes  # the probes
+    assert tok.encode("é東", add_special_tokens=False) == ids("é東", False)
+    assert tok.encode("ab") == ids("ab", True)
+    assert hf.encodes == before  # not through the wrapper
+
+
+def test_encode_keeps_the_wrapper_when_the_backend_encodes_differently() -> None:
+    hf = FakeHf(FakeBackend(shift=1))  # the wrapper adds a step of its own; its copies do not
+    tok = HfTokenizer(hf, 100)
+    before = hf.encodes
+    assert tok.encode("ab") == ids("ab", True)
+    assert hf.encodes == before + 1
