@@ -4,7 +4,8 @@
 sends the whole stream in one body send, ``POST /json`` returns the non-streaming body (one
 send, with Content-Length). Every route reads the request body first. hypercorn is configured
 as ``braid.server`` configures it (same keep-alive, no access log). With ``--fast-send`` it serves
-through braid's direct socket write (:mod:`braid.http.fast_send`), the stack braid itself runs on.
+through braid's send path (the direct socket write of :mod:`braid.http.fast_send` and the body
+framing of :mod:`braid.http.h11_body`), the stack braid itself runs on.
 
 Run: python -m bench.apps.bare_hypercorn --port P --stream FILE --json FILE [--fast-send]
 """
@@ -17,6 +18,7 @@ import trio
 
 from bench.apps import payload_from_argv
 from braid.http.fast_send import fast_send
+from braid.http.h11_body import direct_body
 
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -67,7 +69,7 @@ def main() -> None:
     config.bind = [f"127.0.0.1:{port}"]
     config.keep_alive_timeout = 75.0
     config.accesslog = None
-    with fast_send("--fast-send" in switches):
+    with fast_send("--fast-send" in switches), direct_body("--fast-send" in switches):
         trio.run(hypercorn.trio.serve, make_app(events, body), config)
 
 

@@ -34,6 +34,7 @@ from braid.http.accept import ACCEPT_BATCH, batched_accept
 from braid.http.app import BraidApp
 from braid.http.fast_send import fast_send
 from braid.http.h2_late_data import late_data_dropped
+from braid.http.h11_body import direct_body
 from braid.http.limits import configure_hypercorn
 from braid.http.view import DRAINING_RETRY_AFTER
 from braid.http.write_deadline import WriteDeadlines
@@ -151,8 +152,8 @@ async def serve(
 
     configure_hypercorn(config, app.state.settings)  # hypercorn reads the headers, by the app's limits
     # Always braid's TCP server: its write deadline holds with --stock-send too, which only
-    # turns the direct write off (the Config's fast_send).
-    with fast_send(), batched_accept(cfg.accept_batch), late_data_dropped():
+    # turns the direct write off (the Config's fast_send), and h11's framing of body chunks back on.
+    with fast_send(), batched_accept(cfg.accept_batch), late_data_dropped(), direct_body(cfg.fast_send):
         async with trio.open_nursery() as drain:
             await hypercorn.trio.serve(app, config, shutdown_trigger=trigger, task_status=task_status)
             drain.cancel_scope.cancel()  # every connection is closed: nothing is left to end
