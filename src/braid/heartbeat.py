@@ -48,7 +48,9 @@ TICK: Final = Tick.TICK
 T = TypeVar("T")
 
 
-@attrs.define(eq=False)
+# The period is checked when the heartbeat is made; no per-assignment hook: the waits set the
+# idle fields once or twice per body chunk, and attrs' validating __setattr__ cost more than they.
+@attrs.define(eq=False, on_setattr=attrs.setters.NO_OP)
 class Heartbeat:
     period: float = attrs.field(validator=attrs.validators.gt(0))
     _idle_from: float | None = None  # start of the consumer's idle period (None: it just wrote)
