@@ -170,9 +170,11 @@ class ChoiceRenderer:
     _choices: list[_ChoiceState] = attrs.field(init=False)
     _prompt_steps: list[tuple[TopLogprobs | None, ...] | None] = attrs.field(init=False)
     _cached: dict[int, int] = attrs.field(init=False, factory=dict)  # by prompt: its first report
+    _unfinished: int = attrs.field(init=False)  # choices without their finish_reason yet
 
     def __attrs_post_init__(self) -> None:
         self._choices = [_ChoiceState() for _ in range(self.plan.num_choices)]
+        self._unfinished = self.plan.num_choices
         self._prompt_steps = [None] * len(self.plan.items)
 
     @property
@@ -194,7 +196,7 @@ class ChoiceRenderer:
 
     @property
     def all_finished(self) -> bool:
-        return all(c.finished for c in self._choices)
+        return self._unfinished == 0  # asked after every chunk of a stream: counted, not scanned
 
     def render(self, prompt_idx: int, output: EngineOutput) -> list[ChoiceChunk]:
         plan = self.plan
@@ -224,6 +226,7 @@ class ChoiceRenderer:
             state.tokens += len(delta.token_ids)
             if delta.finish_reason is not None:
                 state.finished = True
+                self._unfinished -= 1
             elif not text and not delta.token_ids and not (first and plan.echo):
                 continue  # nothing to show yet (vLLM skips such deltas too)
             state.started = True
