@@ -277,10 +277,14 @@ class _Generation:
         choices = [_Choice(k, _seed_of(p.seed, ids, k if p.temperature > 0 else 0)) for k in range(p.n)]
         prompt_logprobs = self._prompt_logprobs()
         produced = 0
+        # In lockstep, a final_only request's steps run back to back: nobody reads between them
+        # (vLLM's FINAL_ONLY wakes its reader once too), so the ceiling's non-streaming run
+        # measures braid, not a scheduler round per token of this test double.
+        per_step = self.token_delay > 0 or not self.request.final_only
         while True:
             if self.token_delay > 0:
                 await trio.sleep(self.token_delay)
-            else:
+            elif per_step:
                 await trio.lowlevel.checkpoint()
             if self.fail_after is not None and produced >= self.fail_after:
                 raise EngineError(f"scripted engine failure after {produced} tokens (braid:fail@{self.fail_after})")
