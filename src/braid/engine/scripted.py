@@ -349,7 +349,11 @@ class _Pending:
                 self._delivered_last = True
                 self._wake()
             return
-        self._held.append(output)
+        held = self._held
+        if held and not self._final_only:
+            held[0] = join_deltas([held[0], output])  # merged as it comes: one output waits, not a list
+        else:
+            held.append(output)
         if not self._final_only or output.finished:
             self._wake()
 
