@@ -63,8 +63,8 @@ MUTANTS = [
         "run.py",
         (
             (
-                "            failed = True\n            self.abort_all(err)\n\n        with send, self._slots():",
-                "            failed = True\n            self.error = self.error or err\n\n        with send, self._slots():",
+                "            failed = True\n            self.abort_all(err)\n\n        def seen(",
+                "            failed = True\n            self.error = self.error or err\n\n        def seen(",
             ),
             (
                 "                failed = True\n                self.abort_all(err)",
@@ -78,8 +78,8 @@ MUTANTS = [
         "run.py",
         (
             (
-                "            failed = True\n            self.abort_all(err)\n\n        with send, self._slots():",
-                "            failed = True\n\n        with send, self._slots():",
+                "            failed = True\n            self.abort_all(err)\n\n        def seen(",
+                "            failed = True\n\n        def seen(",
             ),
         ),
         "the engine's report of a failure is ignored: the batch is aborted only when the failing "

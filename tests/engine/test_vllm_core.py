@@ -16,7 +16,7 @@ import trio
 import trio.testing
 import zmq
 
-from braid.engine.base import EngineRequest, ModelInfo, SamplingParams
+from braid.engine.base import EngineOutput, EngineRequest, ModelInfo, SamplingParams
 from braid.engine.vllm_core import MAX_BURST, OUTPUT_CHUNK, OutputSlot, VllmCoreEngine
 from braid.errors import BraidError, EngineError, EngineUnavailable
 
@@ -561,3 +561,74 @@ async def test_a_dying_engine_reports_every_open_request() -> None:
             await trio.testing.wait_all_tasks_blocked()
             assert len(reported) == 2 and all(isinstance(e, EngineUnavailable) for e in reported)
     assert not engine.healthy
+
+
+class Ro(Out):
+    """An Out that vllm_common.convert_output can read: one choice, its tokens as the delta."""
+
+    def __init__(self, *tokens: int, finished: bool = False) -> None:
+        super().__init__(*tokens, finished=finished)
+        self.prompt_token_ids = [7]
+        self.prompt_logprobs = None
+        self.num_cached_tokens = 0
+
+    @property  # type: ignore[override]
+    def outputs(self) -> list[types.SimpleNamespace]:
+        reason = "length" if self.finished else None
+        return [
+            types.SimpleNamespace(
+                index=0, text="", token_ids=self.tokens, logprobs=None, finish_reason=reason, stop_reason=None
+            )
+        ]
+
+    @outputs.setter
+    def outputs(self, value: object) -> None:
+        pass
+
+
+async def test_outputs_go_to_deliver_without_waking_the_reader_and_the_last_ends_it() -> None:
+    delivered: list[EngineOutput] = []
+
+    def deliver(out: EngineOutput) -> bool:
+        delivered.append(out)
+        return True
+
+    slot = OutputSlot(aggregate=True, deliver=deliver)
+    woken: list[object] = []
+
+    async def reader() -> None:
+        with pytest.raises(trio.EndOfChannel):
+            woken.append(await slot.get())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reader)
+        await trio.testing.wait_all_tasks_blocked()
+        slot.put(Ro(1))
+        slot.put(Ro(2))
+        await trio.testing.wait_all_tasks_blocked()
+        assert slot._wakeup is not None  # still waiting: nothing was left for it
+        slot.put(Ro(3, finished=True))  # the last: delivered, and the reader sees the end
+    assert woken == []
+    assert [o.choices[0].token_ids for o in delivered] == [(1,), (2,), (3,)]
+    assert [o.finished for o in delivered] == [False, False, True]
+
+
+async def test_a_refused_output_waits_and_later_ones_merge_into_it_until_taken() -> None:
+    accept = [False]
+    delivered: list[tuple[int, ...]] = []
+
+    def deliver(out: EngineOutput) -> bool:
+        if accept[0]:
+            delivered.append(out.choices[0].token_ids)
+        return accept[0]
+
+    slot = OutputSlot(aggregate=True, deliver=deliver)
+    slot.put(Ro(1))  # refused (the run's channel is full): it waits
+    accept[0] = True
+    slot.put(Ro(2))  # something waits: merged, not delivered ahead of it
+    (got,) = await slot.get()
+    assert got.tokens == [1, 2] and delivered == []
+    slot.put(Ro(3, finished=True))  # nothing waits any more: delivered
+    assert delivered == [(3,)]
+    with pytest.raises(trio.EndOfChannel):
+        await slot.get()

@@ -40,8 +40,10 @@ Contract:
   that output, merges later ones into it, and yields it from the iterator as usual. The
   iterator ends after the last output either way; a failure is never delivered (it is raised
   by the iterator). ``deliver`` does not call back into the engine, and an engine stops calling
-  it once the block is left. An engine that never calls it is correct; its reader just wakes
-  once per output. (This saves a task switch per output on the hot path:
+  it once the block is left. The reader keeps the order: what it takes from the iterator goes
+  to the same place as what ``deliver`` takes, ahead of later deliveries (braid's run sends both
+  into one memory channel, where a blocked sender goes before any later ``send_nowait``). An
+  engine that never calls it is correct; its reader just wakes once per output. (This saves a task switch per output on the hot path:
   docs/performance.md, round 10.)
 * A structured-output constraint (``SamplingParams.structured_outputs``) is checked with
   :func:`check_structured` before the response starts, so that a constraint the engine cannot
