@@ -31,8 +31,7 @@ duration of a ``with`` block, and puts the stock class back after.
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 import hypercorn.trio.run
@@ -40,6 +39,7 @@ import trio
 from hypercorn.events import Closed, Event, RawData
 from hypercorn.trio.tcp_server import TCPServer
 
+from braid.http.swap import swapped
 from braid.http.write_deadline import WriteDeadlineTCPServer
 
 
@@ -87,22 +87,11 @@ class FastSendTCPServer(WriteDeadlineTCPServer):
             self.send_lock.release()
 
 
-@contextmanager
-def fast_send(enabled: bool = True) -> Iterator[None]:
-    """Within the block, hypercorn's trio worker serves connections with :class:`FastSendTCPServer`.
-
-    The swap is process-wide (hypercorn looks the class up as a module global when a server
-    starts), and the stock class is restored on exit. With ``enabled=False`` it does nothing.
-    """
-    stock = hypercorn.trio.run.TCPServer
-    if not enabled or stock is not TCPServer:  # disabled, or already swapped by an outer block
-        yield
-        return
-    hypercorn.trio.run.TCPServer = FastSendTCPServer  # type: ignore[misc]
-    try:
-        yield
-    finally:
-        hypercorn.trio.run.TCPServer = stock  # type: ignore[misc]
+def fast_send(enabled: bool = True) -> AbstractContextManager[None]:
+    """Within the block, hypercorn's trio worker serves connections with :class:`FastSendTCPServer`
+    (process-wide, the stock class restored on exit; :func:`braid.http.swap.swapped`). With
+    ``enabled=False`` it does nothing."""
+    return swapped(hypercorn.trio.run, "TCPServer", TCPServer, FastSendTCPServer, enabled)
 
 
 __all__ = ["FastSendTCPServer", "fast_send"]

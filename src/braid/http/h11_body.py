@@ -17,8 +17,7 @@ does for HTTP/2.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 import h11
 import hypercorn.protocol
@@ -27,6 +26,8 @@ from hypercorn.events import RawData
 from hypercorn.protocol.events import Body
 from hypercorn.protocol.events import Event as StreamEvent
 from hypercorn.protocol.h11 import H11Protocol
+
+from braid.http.swap import swapped
 
 
 class DirectBodyH11Protocol(H11Protocol):
@@ -42,19 +43,11 @@ class DirectBodyH11Protocol(H11Protocol):
         await super().stream_send(event)
 
 
-@contextmanager
-def direct_body(enabled: bool = True) -> Iterator[None]:
+def direct_body(enabled: bool = True) -> AbstractContextManager[None]:
     """Within the block, hypercorn's HTTP/1.1 connections use :class:`DirectBodyH11Protocol`; the
-    stock class is put back after (a nested block leaves the outer one's in place). With
-    ``enabled=False`` it does nothing (``braid serve --stock-send``: hypercorn's own send path)."""
-    if not enabled or hypercorn.protocol.H11Protocol is not H11Protocol:
-        yield
-        return
-    hypercorn.protocol.H11Protocol = DirectBodyH11Protocol  # type: ignore[misc]
-    try:
-        yield
-    finally:
-        hypercorn.protocol.H11Protocol = H11Protocol  # type: ignore[misc]
+    stock class is put back after (:func:`braid.http.swap.swapped`). With ``enabled=False`` it
+    does nothing (``braid serve --stock-send``: hypercorn's own send path)."""
+    return swapped(hypercorn.protocol, "H11Protocol", H11Protocol, DirectBodyH11Protocol, enabled)
 
 
 __all__ = ["DirectBodyH11Protocol", "direct_body"]

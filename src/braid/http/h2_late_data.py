@@ -15,12 +15,13 @@ duration of a ``with`` block, as :func:`braid.http.fast_send.fast_send` does for
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 import h2.events
 import hypercorn.protocol
 from hypercorn.protocol.h2 import H2Protocol
+
+from braid.http.swap import swapped
 
 
 class LateDataH2Protocol(H2Protocol):
@@ -35,18 +36,10 @@ class LateDataH2Protocol(H2Protocol):
         await super()._handle_events(kept)  # also flushes the window updates
 
 
-@contextmanager
-def late_data_dropped() -> Iterator[None]:
+def late_data_dropped() -> AbstractContextManager[None]:
     """Within the block, hypercorn's HTTP/2 connections use :class:`LateDataH2Protocol`; the
-    stock class is put back after (a nested block leaves the outer one's in place)."""
-    if hypercorn.protocol.H2Protocol is not H2Protocol:
-        yield
-        return
-    hypercorn.protocol.H2Protocol = LateDataH2Protocol  # type: ignore[misc]
-    try:
-        yield
-    finally:
-        hypercorn.protocol.H2Protocol = H2Protocol  # type: ignore[misc]
+    stock class is put back after (:func:`braid.http.swap.swapped`)."""
+    return swapped(hypercorn.protocol, "H2Protocol", H2Protocol, LateDataH2Protocol)
 
 
 __all__ = ["LateDataH2Protocol", "late_data_dropped"]
