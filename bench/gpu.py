@@ -48,8 +48,8 @@ import attrs
 
 from bench.common import ROOT, table
 from bench.run import _commit, _machine, _versions
-from bench.serving import INPUT_LEN, OUTPUT_LEN, SEED, _spread, alternating_runs
-from bench.vllm_tools import WORK, Worker, bench_serve_argv, engine_core_pid, start_pair
+from bench.serving import INPUT_LEN, OUTPUT_LEN, SEED, _spread, alternating_runs, serve_argv
+from bench.vllm_tools import WORK, Worker, engine_core_pid, start_pair
 
 CONCURRENCIES = (1, 64, 256)
 MAX_NUM_SEQS = 256
@@ -210,17 +210,7 @@ def run(config: str, device: str, quick: bool, gpu_memory_utilization: float = G
         setup_s = time.monotonic() - started
         _log("servers up", started)
 
-        def argv(kind: str, c: int, n: int, tag: str) -> list[str]:
-            return bench_serve_argv(
-                servers[kind].url,
-                model_dir,
-                concurrency=c,
-                num_prompts=n,
-                input_len=INPUT_LEN,
-                output_len=OUTPUT_LEN,
-                seed=SEED,
-                result_name=f"gpu-{tag}.json",
-            )
+        argv = serve_argv(servers, model_dir, "gpu")
 
         for kind in ("braid", "vllm"):  # warm-up, not recorded
             bench_worker.call(op="serve", argv=argv(kind, 64, 64, f"warmup-{kind}"))

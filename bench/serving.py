@@ -26,6 +26,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 from bench.common import PLOTS, Section, Target, section_main, table
@@ -113,6 +114,26 @@ def _plots(
     return tuple(out)
 
 
+def serve_argv(servers: dict[str, Any], model_dir: Path, prefix: str) -> Callable[[str, int, int, str], list[str]]:
+    """``argv(kind, concurrency, prompts, tag)``: ``vllm bench serve``'s flags for a run of this
+    section's request shape on ``servers[kind]`` (looked up at each call), its result file named
+    ``PREFIX-TAG.json``."""
+
+    def argv(kind: str, c: int, n: int, tag: str) -> list[str]:
+        return bench_serve_argv(
+            servers[kind].url,
+            model_dir,
+            concurrency=c,
+            num_prompts=n,
+            input_len=INPUT_LEN,
+            output_len=OUTPUT_LEN,
+            seed=SEED,
+            result_name=f"{prefix}-{tag}.json",
+        )
+
+    return argv
+
+
 def alternating_runs(
     bench_worker: Worker,
     servers: dict[str, Any],
@@ -165,17 +186,7 @@ def run(quick: bool) -> Section:
         engine_pids = {kind: engine_core_pid(s) for kind, s in servers.items()}
         setup_s = time.monotonic() - started
 
-        def argv(kind: str, c: int, n: int, tag: str) -> list[str]:
-            return bench_serve_argv(
-                servers[kind].url,
-                model_dir,
-                concurrency=c,
-                num_prompts=n,
-                input_len=INPUT_LEN,
-                output_len=OUTPUT_LEN,
-                seed=SEED,
-                result_name=f"serving-{tag}.json",
-            )
+        argv = serve_argv(servers, model_dir, "serving")
 
         served_digest = bench_worker.call(op="samples", argv=argv("braid", 64, prompts[64], "x"))["digest"]
         for kind in ("braid", "vllm"):  # warm-up, not recorded
@@ -200,7 +211,7 @@ def run(quick: bool) -> Section:
         bench_worker = stack.enter_context(Worker("bench", WORK / "serving-bench-wide.log"))
         wide_settings = {**engine_settings(SEED), "max_num_seqs": WIDE}
         braid, vllm = stack.enter_context(start_pair("serving-wide", settings=wide_settings))
-        servers = {"braid": braid, "vllm": vllm}
+        servers.update(braid=braid, vllm=vllm)  # argv looks them up here
         engine_pids = {kind: engine_core_pid(s) for kind, s in servers.items()}
         for kind in ("braid", "vllm"):  # warm-up, not recorded
             bench_worker.call(op="serve", argv=argv(kind, 64, 64, f"warmup-wide-{kind}"))
