@@ -8,7 +8,7 @@ Every server runs pinned to core 0 (``taskset -c 0``) and is loaded by ``wrk`` p
 * braid: ``braid serve --engine scripted --token-delay 0`` (the whole data path, no model; at zero
   delay the scripted engine runs in lockstep with its reader, one output per token, so a response
   is 64 events, where an engine on its own clock would merge them), and
-  the same with ``--stock-send`` (hypercorn's own send path instead of :mod:`braid.http.fast_send`);
+  the same with ``--stock-send`` (hypercorn's own send path instead of :mod:`braid.http.patches.fast_send`);
 * bare hypercorn-trio: a bare ASGI app on hypercorn's trio worker streaming the very bytes braid
   sent (captured from braid first), with one body send per event, and with one per response; and
   the per-event app again on braid's fast send, so braid can be compared like for like;
@@ -610,7 +610,7 @@ def _section(
             ],
         ),
         "",
-        "braid serves through `braid.http.fast_send`: when the socket has room it writes each body chunk with "
+        "braid serves through `braid.http.patches.fast_send`: when the socket has room it writes each body chunk with "
         "one non-blocking `send(2)` instead of hypercorn's lock + shielded scope + `send_all` (two scheduler "
         "trips per chunk). The bare app of the issue runs hypercorn's stock send, so the two ratios above it "
         "credit braid with that change too; the like-for-like rows put braid and the bare app on the same send "

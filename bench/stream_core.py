@@ -17,11 +17,11 @@ import trio
 from braid.engine.base import ChoiceDelta, EngineOutput
 from braid.engine.scripted import ScriptedEngine
 from braid.http.app import create_app
-from braid.merge import StreamMerger
-from braid.plan import make_plan
-from braid.request import Limits, parse_request
-from braid.server import ServerConfig, serve
+from braid.http.server import ServerConfig, serve
 from braid.settings import Settings
+from braid.stream.merge import StreamMerger
+from braid.stream.plan import make_plan
+from braid.wire.completions_request import Limits, parse_request
 
 
 def core(prompts: int = 64, tokens: int = 256) -> float:

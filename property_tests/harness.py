@@ -1,7 +1,7 @@
 """Drive the real server code with a scenario and record a trace for the model (model/stream.py).
 
-What is real: the completions view the app serves (``braid.http.view.completions``: validation,
-limits, tokenizing, planning, ids) or its chat view (``braid.http.view.chat_completions``, on the
+What is real: the completions view the app serves (``braid.routes.common.completions``: validation,
+limits, tokenizing, planning, ids) or its chat view (``braid.routes.common.chat_completions``, on the
 single or the batch route: chat validation and the chat template, then the same path), the
 nursery run (``CompletionRun``), the merger (``StreamMerger`` / ``ResponseCollector``, or
 ``ChatStreamMerger`` / ``ChatResponseCollector``), the SSE body (``CompletionStream``, driven exactly as
@@ -29,14 +29,14 @@ import attrs
 import trio
 import trio.testing
 
-from braid.admit import Admission, Ticket
-from braid.encode import error_body
 from braid.engine.base import Deliver, EngineOutput, EngineRequest, FailureHandler
 from braid.engine.scripted import ScriptedEngine
 from braid.errors import BraidError, EngineError, EngineRejected
-from braid.http.view import AppState, JsonResponse, chat_completions, completions
 from braid.metrics import Metrics
+from braid.routes.common import AppState, JsonResponse, chat_completions, completions
 from braid.settings import Settings
+from braid.stream.admit import Admission, Ticket
+from braid.wire.completions_response import error_body
 from model.stream import parse_sse
 
 METRICS = Metrics()  # values are irrelevant here; one registry avoids re-registering per example
@@ -373,8 +373,8 @@ def _error_response(exc: BaseException) -> JsonResponse:
 async def _respond(engine: RecordingEngine, rec: Recorder, rid: str, admission: Admission) -> None:
     """The app's completions or chat route, from the body bytes to the last byte of the response.
 
-    The view is the production one (:func:`braid.http.view.completions`, or
-    :func:`braid.http.view.chat_completions` for a chat scenario, on its single or batch route);
+    The view is the production one (:func:`braid.routes.common.completions`, or
+    :func:`braid.routes.common.chat_completions` for a chat scenario, on its single or batch route);
     its ids come from ``rid`` (``cmpl-...`` or ``chatcmpl-...``), the prefix of the engine request
     ids that ``engine`` records under.
     """

@@ -1,4 +1,4 @@
-"""The admission (braid.admit) against the model's round-robin rule A2, on one found case.
+"""The admission (braid.stream.admit) against the model's round-robin rule A2, on one found case.
 
 A ticket that had released every slot it held used to look like a newcomer to
 ``Admission._grant`` (it tested ``ticket.holds``, not whether it was ever granted slots), so the
@@ -15,7 +15,7 @@ import itertools
 import trio
 import trio.testing
 
-from braid.admit import Admission, Ticket
+from braid.stream.admit import Admission, Ticket
 from model import check_server
 
 

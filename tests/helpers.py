@@ -24,13 +24,13 @@ from prometheus_client import CollectorRegistry
 from braid.engine.base import EngineOutput
 from braid.engine.scripted import VOCAB_SIZE, ByteTokenizer, ScriptedEngine
 from braid.http.app import BraidApp, create_app
-from braid.merge import Phase, ResponseCollector, StreamMerger
-from braid.plan import Plan, make_plan
-from braid.request import Limits, parse_request
-from braid.run import Arrival
-from braid.server import ServerConfig, serve
+from braid.http.server import ServerConfig, serve
 from braid.settings import Settings
-from braid.tokenize import INLINE_CHARS
+from braid.stream.merge import Phase, ResponseCollector, StreamMerger
+from braid.stream.plan import Plan, make_plan
+from braid.stream.run import Arrival
+from braid.stream.tokenize import INLINE_CHARS
+from braid.wire.completions_request import Limits, parse_request
 from tools.servers import ServerProcess
 
 # --- SSE ------------------------------------------------------------------------------------------

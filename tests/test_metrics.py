@@ -9,13 +9,13 @@ import pytest
 import trio
 from prometheus_client import CollectorRegistry, Histogram
 
-from braid.admit import Admission
 from braid.engine.base import ChoiceDelta
 from braid.engine.scripted import ScriptedEngine
 from braid.errors import DeadlineExceeded, EngineError, StreamStalled
 from braid.metrics import ABORT_CAUSES, ITL_BUCKETS, Metrics, PlainHistogram, TokenTimer
-from braid.run import CompletionRun
 from braid.settings import Settings
+from braid.stream.admit import Admission
+from braid.stream.run import CompletionRun
 from tests.helpers import aborts, plan_for
 
 # A token every 0.09 s of virtual time: inside the buckets le=0.1 (ITL, TTFT), away from bounds.

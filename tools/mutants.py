@@ -60,7 +60,7 @@ NEW_RUN = (
 MUTANTS = [
     Mutant(
         "no_sibling_abort",
-        "run.py",
+        "stream/run.py",
         (
             (
                 "            failed = True\n            self.abort_all(err)\n\n        def seen(",
@@ -75,7 +75,7 @@ MUTANTS = [
     ),
     Mutant(
         "failure_noticed_on_next_read",
-        "run.py",
+        "stream/run.py",
         (
             (
                 "            failed = True\n            self.abort_all(err)\n\n        def seen(",
@@ -87,7 +87,7 @@ MUTANTS = [
     ),
     Mutant(
         "no_abort_on_stall",
-        "run.py",
+        "stream/run.py",
         (
             (
                 "            except StreamStalled as err:\n                self.abort_all(err)",
@@ -98,13 +98,13 @@ MUTANTS = [
     ),
     Mutant(
         "second_done",
-        "merge.py",
+        "stream/merge.py",
         (("        return DONE\n\n    def fail", "        return DONE + DONE\n\n    def fail"),),
         "a stream without usage ends with two [DONE]",
     ),
     Mutant(
         "usage_before_last_finish",
-        "merge.py",
+        "stream/merge.py",
         (
             (
                 "\nclass ProtocolViolation(RuntimeError):",
@@ -126,7 +126,7 @@ MUTANTS = [
     ),
     Mutant(
         "usage_on_error",
-        "merge.py",
+        "stream/merge.py",
         (
             (
                 "        return self._sse.error(err) + DONE",
@@ -137,19 +137,19 @@ MUTANTS = [
     ),
     Mutant(
         "error_without_done",
-        "merge.py",
+        "stream/merge.py",
         (("        return self._sse.error(err) + DONE", "        return self._sse.error(err)"),),
         "an error event is not followed by [DONE]",
     ),
     Mutant(
         "index_prompt_plus_k",
-        "render.py",
+        "stream/render.py",
         (("            index = prompt_idx * plan.n + delta.index", "            index = prompt_idx + delta.index"),),
         "choice index prompt_idx + k instead of prompt_idx * n + k",
     ),
     Mutant(
         "prompt_tokens_per_choice",
-        "plan.py",
+        "stream/plan.py",
         (
             (
                 "        return sum(len(item.request.prompt_token_ids) for item in self.items)",
@@ -160,7 +160,7 @@ MUTANTS = [
     ),
     Mutant(
         "last_finish_reason_dropped",
-        "render.py",
+        "stream/render.py",
         (
             (
                 "                    finish_reason=delta.finish_reason,\n",
@@ -171,7 +171,7 @@ MUTANTS = [
     ),
     Mutant(
         "continuous_usage_whole_batch",
-        "merge.py",
+        "stream/merge.py",
         (
             (
                 "Usage(self._prompt_tokens[prompt_idx], c.completion_tokens)",
@@ -182,19 +182,19 @@ MUTANTS = [
     ),
     Mutant(
         "echo_missing",
-        "render.py",
+        "stream/render.py",
         (("                text = self.plan.items[prompt_idx].echo_text + text", "                text = text"),),
         "echo drops the prompt text from the first chunk",
     ),
     Mutant(
         "logprobs_offset_reset",
-        "render.py",
+        "stream/render.py",
         (("offset=state.offset,", "offset=0,"),),
         "every chunk's text_offset restarts at 0",
     ),
     Mutant(
         "heartbeat_late",
-        "heartbeat.py",
+        "stream/heartbeat.py",
         (
             ("if trio.current_time() < since + period:", "if trio.current_time() < since + period * 4:"),
             ("await trio.sleep_until(since + period)", "await trio.sleep_until(since + period * 4)"),
@@ -203,13 +203,13 @@ MUTANTS = [
     ),
     Mutant(
         "error_lost_at_end_of_channel",
-        "run.py",
+        "stream/run.py",
         (("            raise self.error from None", "            return"),),
         "a run whose drivers all ended because of an error looks like a normal end",
     ),
     Mutant(
         "slot_leak_on_abort",
-        "run.py",
+        "stream/run.py",
         (
             (
                 "        try:\n            yield\n        finally:\n            if self.ticket is not None:\n"
@@ -222,7 +222,7 @@ MUTANTS = [
     ),
     Mutant(
         "fifo_by_prompt",
-        "admit.py",
+        "stream/admit.py",
         (
             (
                 "        adm._ring.append(self)\n",
@@ -234,7 +234,7 @@ MUTANTS = [
     ),
     Mutant(
         "over_admission",
-        "admit.py",
+        "stream/admit.py",
         (
             (
                 "        return cost <= (free - self.reserve if holds else free)",
@@ -245,14 +245,14 @@ MUTANTS = [
     ),
     Mutant(
         "run_error_as_500",
-        "http/view.py",
+        "routes/common.py",
         ((OLD_RUN, NEW_RUN),),
         "the view answers every failed non-streaming run with a 500, whatever its error",
     ),
-    # Chat (braid.chat_merge, braid.chat): the framing of role, echo and content chunks.
+    # Chat (braid.stream.chat_merge, braid.wire.messages): the framing of role, echo and content chunks.
     Mutant(
         "chat_role_missing",
-        "chat_merge.py",
+        "stream/chat_merge.py",
         (
             (
                 "            for k in range(plan.n):\n                parts.append(self._chat.role(",
@@ -263,13 +263,13 @@ MUTANTS = [
     ),
     Mutant(
         "chat_role_repeated",
-        "chat_merge.py",
+        "stream/chat_merge.py",
         (("        self._opened = True\n", "        pass\n"),),
         "every batch of outputs is preceded by the role (and echo) chunks again",
     ),
     Mutant(
         "chat_role_after_content",
-        "chat_merge.py",
+        "stream/chat_merge.py",
         (
             (
                 '        return b"".join(self._open()) + super().feed(arrivals)\n',
@@ -280,7 +280,7 @@ MUTANTS = [
     ),
     Mutant(
         "chat_echo_after_content",
-        "chat_merge.py",
+        "stream/chat_merge.py",
         (
             (
                 '        return b"".join(self._open()) + super().feed(arrivals)\n',
@@ -293,7 +293,7 @@ MUTANTS = [
     ),
     Mutant(
         "chat_prompt_tokens_per_choice",
-        "chat_merge.py",
+        "stream/chat_merge.py",
         (
             (
                 "    return Usage(plan.prompt_tokens, renderer.completion_tokens, renderer.cached_tokens)",
@@ -304,7 +304,7 @@ MUTANTS = [
     ),
     Mutant(
         "chat_role_always_assistant",
-        "chat.py",
+        "wire/messages.py",
         (
             (
                 '    return "assistant" if options.add_generation_prompt else messages[-1].role',
@@ -315,7 +315,7 @@ MUTANTS = [
     ),
     Mutant(
         "chat_echo_any_last_message",
-        "chat.py",
+        "wire/messages.py",
         (('    return last.content or "" if last.role == role else ""', '    return last.content or ""'),),
         "echo repeats the last message even when its role is not the reply's",
     ),

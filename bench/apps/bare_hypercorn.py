@@ -3,9 +3,9 @@
 ``POST /per-event`` streams the events with one ASGI body send each, ``POST /per-response``
 sends the whole stream in one body send, ``POST /json`` returns the non-streaming body (one
 send, with Content-Length). Every route reads the request body first. hypercorn is configured
-as ``braid.server`` configures it (same keep-alive, no access log). With ``--fast-send`` it serves
-through braid's send path (the direct socket write of :mod:`braid.http.fast_send` and the body
-framing of :mod:`braid.http.h11_body`), the stack braid itself runs on.
+as ``braid.http.server`` configures it (same keep-alive, no access log). With ``--fast-send`` it serves
+through braid's send path (the direct socket write of :mod:`braid.http.patches.fast_send` and the body
+framing of :mod:`braid.http.patches.h11_body`), the stack braid itself runs on.
 
 Run: python -m bench.apps.bare_hypercorn --port P --stream FILE --json FILE [--fast-send]
 """
@@ -17,8 +17,8 @@ import hypercorn.trio
 import trio
 
 from bench.apps import payload_from_argv
-from braid.http.fast_send import fast_send
-from braid.http.h11_body import direct_body
+from braid.http.patches.fast_send import fast_send
+from braid.http.patches.h11_body import direct_body
 
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),

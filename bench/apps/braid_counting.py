@@ -18,7 +18,7 @@ import trio
 
 from braid.engine.scripted import ScriptedEngine
 from braid.http.app import BraidApp, create_app
-from braid.server import ServerConfig, serve
+from braid.http.server import ServerConfig, serve
 from braid.settings import Settings
 
 

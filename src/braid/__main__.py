@@ -1,6 +1,6 @@
 import sys
 
-from braid.cli import main
+from braid.cli.main import main
 
 # vLLM starts its engine process with "spawn", which re-imports the main module: guard it.
 if __name__ == "__main__":

@@ -93,7 +93,7 @@ class DrainTimeout(EngineUnavailable):
 
 
 class TooManyRequests(BraidError):
-    """Admission's queue is full (:mod:`braid.admit`); decided before the body is tokenized."""
+    """Admission's queue is full (:mod:`braid.stream.admit`); decided before the body is tokenized."""
 
     status = 429
     type = "TooManyRequestsError"

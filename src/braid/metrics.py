@@ -211,7 +211,7 @@ class Metrics:
         g.set_function(read)
 
     def track_admission(self, slots_in_use: Callable[[], float], queued: Callable[[], float]) -> None:
-        """Expose admission's state (read at scrape time; see braid.admit)."""
+        """Expose admission's state (read at scrape time; see braid.stream.admit)."""
         Gauge(
             "braid_admission_slots_in_use", "Engine slots granted to requests now", registry=self.registry
         ).set_function(slots_in_use)

@@ -51,13 +51,13 @@ class Settings:
     """An unfinished header block hypercorn buffers; past it, its 431 and the connection closes."""
     buffer: int = attrs.field(default=64, validator=attrs.validators.gt(0))
     """Outputs a run's channel holds before its drivers wait for the consumer."""
-    # Both > 0: a heartbeat of 0 would make every stream's clock spin (braid.heartbeat).
+    # Both > 0: a heartbeat of 0 would make every stream's clock spin (braid.stream.heartbeat).
     stall_timeout: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
     """A driver that cannot hand an output over for this long fails the run (the client stopped reading)."""
     heartbeat: float = attrs.field(default=15.0, validator=attrs.validators.gt(0))
     """An idle stream sends an SSE comment after this many seconds."""
     max_in_flight: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(0)))
-    """Engine requests in the engine at once, server wide (``braid.admit``); 0: unbounded; None:
+    """Engine requests in the engine at once, server wide (``braid.stream.admit``); 0: unbounded; None:
     the engine's own running cap plus the reserve (``docs/admission.md``)."""
     max_queued: int = attrs.field(default=256, validator=attrs.validators.ge(0))
     """Requests that may wait for their first engine slot before new ones get a 429."""

@@ -64,5 +64,5 @@ def test_a_short_run_against_braid_serve() -> None:
     assert t.failures == 0, (t.outcomes, t.examples)
     assert t.outcomes["ok"] and t.outcomes["ok_rst"] and t.outcomes["ok_fin"]
     assert result.in_flight_after == 0
-    # Every connection closed: the clients closed theirs (braid.http.client_close).
+    # Every connection closed: the clients closed theirs (braid.http.patches.client_close).
     assert result.fds_after <= result.fds_before + 2, (result.fds_before, result.fds_after)

@@ -119,7 +119,7 @@ def test_curl_style_request(braid_url: str) -> None:
 def test_switch_interval_is_shortened_only_for_two_busy_threads() -> None:
     import sys
 
-    from braid.cli import _set_switch_interval
+    from braid.cli.main import _set_switch_interval
 
     saved = sys.getswitchinterval()
     try:
@@ -166,7 +166,7 @@ def test_the_read_limits_reach_the_server() -> None:
 )
 @pytest.mark.parametrize("value", ["0", "-1"])
 def test_periods_must_be_positive(flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from braid.cli import _parser
+    from braid.cli.main import _parser
 
     with pytest.raises(SystemExit):
         _parser().parse_args(["serve", flag, value])
@@ -182,9 +182,9 @@ def test_settings_refuse_a_zero_heartbeat() -> None:
 
 def test_admission_flags_reach_the_server() -> None:
     """The admission flags end up in the app's Admission, and the reserve in the engine's room."""
-    from braid.admit import admission_for
-    from braid.cli import _extra_seqs, _parser, settings_from
+    from braid.cli.main import _extra_seqs, _parser, settings_from
     from braid.engine.base import ModelInfo
+    from braid.stream.admit import admission_for
 
     args = _parser().parse_args(
         ["serve", "--max-in-flight-requests", "8", "--max-queued-requests", "3", "--admission-reserve", "2"]
@@ -207,14 +207,14 @@ def test_admission_flags_reach_the_server() -> None:
 def test_engine_args_braid_would_not_honour_stop_it_before_any_engine(
     engine_arg: str, named: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import braid.cli
+    import braid.cli.main
 
     def started(args: object) -> None:
         raise AssertionError("an engine was started")
 
-    monkeypatch.setattr(braid.cli, "open_engine", started)
+    monkeypatch.setattr(braid.cli.main, "open_engine", started)
     with pytest.raises(SystemExit) as exit_:
-        braid.cli.main(["serve", "--engine", "vllm", "--engine-arg", engine_arg])
+        braid.cli.main.main(["serve", "--engine", "vllm", "--engine-arg", engine_arg])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert engine_arg.split("=")[0].replace("-", "_") in err and named in err
@@ -225,14 +225,14 @@ def test_engine_args_braid_would_not_honour_stop_it_before_any_engine(
     [([], 30.0), (["--stall-timeout", "5"], 5.0), (["--stall-timeout", "5", "--write-timeout", "12"], 12.0)],
 )
 def test_the_write_timeout_follows_the_stall_timeout_unless_given(argv: list[str], write_timeout: float) -> None:
-    from braid.cli import _parser, _server_config
+    from braid.cli.main import _parser, _server_config
 
     cfg = _server_config(_parser().parse_args(["serve", *argv]))
     assert cfg.write_timeout == write_timeout
 
 
 def test_connection_options_reach_the_server_config() -> None:
-    from braid.cli import _parser, _server_config
+    from braid.cli.main import _parser, _server_config
 
     assert _server_config(_parser().parse_args(["serve"])).backlog == 2048
     cfg = _server_config(_parser().parse_args(["serve", "--backlog", "512", "--stock-send", "--accept-batch", "1"]))
@@ -243,14 +243,14 @@ def test_connection_options_reach_the_server_config() -> None:
 def test_a_port_in_use_is_one_line_before_any_engine(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import braid.cli
+    import braid.cli.main
 
-    monkeypatch.setattr(braid.cli, "open_engine", _no_engine)
+    monkeypatch.setattr(braid.cli.main, "open_engine", _no_engine)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        assert braid.cli.main(["serve", "--engine", "scripted", "--port", str(port)]) == 1
+        assert braid.cli.main.main(["serve", "--engine", "scripted", "--port", str(port)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err
 
@@ -258,10 +258,10 @@ def test_a_port_in_use_is_one_line_before_any_engine(
 def test_a_model_path_that_does_not_exist_is_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import braid.cli
+    import braid.cli.main
 
-    monkeypatch.setattr(braid.cli, "open_engine", _no_engine)
-    assert braid.cli.main(["serve", "--engine", "vllm", "--port", "0", "--model", "/nonexistent/model"]) == 1
+    monkeypatch.setattr(braid.cli.main, "open_engine", _no_engine)
+    assert braid.cli.main.main(["serve", "--engine", "vllm", "--port", "0", "--model", "/nonexistent/model"]) == 1
     err = capsys.readouterr().err
     assert err == "braid: no model at /nonexistent/model: no such file or directory\n"
 
@@ -271,7 +271,7 @@ def test_an_engine_that_fails_to_start_is_one_line(
 ) -> None:
     from contextlib import asynccontextmanager
 
-    import braid.cli
+    import braid.cli.main
 
     @asynccontextmanager
     async def failing(args: object):  # type: ignore[no-untyped-def]
@@ -279,8 +279,8 @@ def test_an_engine_that_fails_to_start_is_one_line(
             raise RuntimeError("the engine core died\nwhile loading")
         yield
 
-    monkeypatch.setattr(braid.cli, "open_engine", failing)
-    assert braid.cli.main(["serve", "--engine", "scripted", "--port", "0"]) == 1
+    monkeypatch.setattr(braid.cli.main, "open_engine", failing)
+    assert braid.cli.main.main(["serve", "--engine", "scripted", "--port", "0"]) == 1
     err = capsys.readouterr().err
     assert err == "braid: could not start: RuntimeError: the engine core died while loading\n"
 
@@ -292,7 +292,7 @@ def _no_engine(args: object) -> None:
 def test_api_keys_from_flags_file_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--api-key, --api-key-file (comments and blanks skipped) and BRAID_API_KEY all admit a
     request on a real ``braid serve``; /health stays open; the keys never show in the settings' repr."""
-    from braid.cli import _parser, settings_from
+    from braid.cli.main import _parser, settings_from
 
     key_file = tmp_path / "keys"
     key_file.write_text("# ops keys\n\n  file-key  \n#not-a-key\nfile-key-2\n")
@@ -336,7 +336,7 @@ def test_a_key_setting_that_would_leave_the_server_open_stops_it(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from braid import cli
+    from braid.cli import main as cli
 
     (tmp_path / "empty").write_text("# nothing\n\n")
     argv = [str(tmp_path / "empty") if a == "EMPTY" else a for a in argv]
@@ -350,7 +350,7 @@ def test_a_key_setting_that_would_leave_the_server_open_stops_it(
 
 
 def test_every_serve_option_can_come_from_the_environment(capsys: pytest.CaptureFixture[str]) -> None:
-    from braid.cli import _parser, settings_from
+    from braid.cli.main import _parser, settings_from
 
     env = {
         "BRAID_PORT": "9123",
@@ -370,7 +370,7 @@ def test_every_serve_option_can_come_from_the_environment(capsys: pytest.Capture
 
 
 def test_help_shows_each_default_and_variable(capsys: pytest.CaptureFixture[str]) -> None:
-    from braid.cli import _parser
+    from braid.cli.main import _parser
 
     with pytest.raises(SystemExit):
         _parser().parse_args(["serve", "--help"])
@@ -386,7 +386,7 @@ def test_help_shows_each_default_and_variable(capsys: pytest.CaptureFixture[str]
 
 
 def test_log_flags_and_their_variables(capsys: pytest.CaptureFixture[str]) -> None:
-    from braid.cli import _parser, settings_from
+    from braid.cli.main import _parser, settings_from
 
     settings = settings_from(_parser().parse_args(["serve"]), {})
     assert (settings.access_log, settings.forwarded_allow_ips) == (False, ())

@@ -11,7 +11,7 @@ import trio
 from braid.engine.base import EngineOutput, EngineRequest, SamplingParams
 from braid.engine.scripted import PrefixCache, ScriptedEngine, join_deltas
 from braid.errors import BraidError, EngineError, EngineRejected, InvalidRequest
-from braid.structured import Structured
+from braid.wire.structured import Structured
 
 PARAMS = [
     SamplingParams(max_tokens=30, n=3, seed=7, logprobs=2, prompt_logprobs=1),

@@ -11,7 +11,7 @@ import pytest
 from braid.engine.base import SamplingParams
 from braid.engine.vllm_common import check_engine_args, map_error, vllm_sampling_params, vllm_structured
 from braid.errors import EngineRejected
-from braid.structured import KINDS, Structured
+from braid.wire.structured import KINDS, Structured
 
 NAMES = {field.name for field in attrs.fields(SamplingParams)}
 SET = SamplingParams(

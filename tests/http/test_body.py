@@ -8,15 +8,15 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
-from braid.encode import HEARTBEAT
 from braid.engine.base import ChoiceDelta, EngineOutput, EngineRequest
 from braid.engine.scripted import ScriptedEngine
-from braid.heartbeat import TICK, Heartbeat
 from braid.http.body import GATHER_ROUNDS, CompletionStream, _gather
-from braid.merge import StreamMerger
 from braid.metrics import Metrics
-from braid.run import CompletionRun
 from braid.settings import Settings
+from braid.stream.heartbeat import TICK, Heartbeat
+from braid.stream.merge import StreamMerger
+from braid.stream.run import CompletionRun
+from braid.wire.completions_response import HEARTBEAT
 from tests.helpers import parse_sse, plan_for
 
 

@@ -141,7 +141,7 @@ async def test_a_drain_ends_streams_that_outlast_it_with_an_error_event(nursery:
                 buf += raw
             waited = trio.current_time() - start
     events = parse_sse(buf)
-    # ended 0.25 s before the drain's end (braid.server.DRAIN_FLUSH, a quarter of 1 s), not
+    # ended 0.25 s before the drain's end (braid.http.server.DRAIN_FLUSH, a quarter of 1 s), not
     # before; the upper bound is loose for a busy machine, and far below the 20 s of the streams
     assert 0.7 <= waited <= 10.0
     assert events[-1] == "[DONE]"
@@ -175,7 +175,7 @@ async def test_idle_keep_alive_connection_is_closed_by_the_server(nursery: trio.
     """quart-trio cancels hypercorn's keep-alive timer unless the final send is shielded."""
     from braid.engine.scripted import ScriptedEngine
     from braid.http.app import create_app
-    from braid.server import ServerConfig, serve
+    from braid.http.server import ServerConfig, serve
 
     app = create_app(ScriptedEngine())
     shutdown = trio.Event()

@@ -1,4 +1,4 @@
-"""braid.server: the options it hands hypercorn reach the listening socket and the connections."""
+"""braid.http.server: the options it hands hypercorn reach the listening socket and the connections."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import trio
 
 from braid.engine.scripted import ScriptedEngine
 from braid.http.app import create_app
-from braid.server import ServerConfig, hypercorn_config, serve
+from braid.http.server import ServerConfig, hypercorn_config, serve
 from braid.settings import Settings
 from tests.helpers import LiveServer, listen_queue, parse_sse, start_server
 
@@ -48,7 +48,7 @@ def test_server_config_refuses_nonsense() -> None:
     assert attrs.evolve(ServerConfig(), backlog=1).backlog == 1
 
 
-# --- the drain (braid.server.serve) ---------------------------------------------------------------
+# --- the drain (braid.http.server.serve) ---------------------------------------------------------------
 # Bounds run against a real server on a machine that may be busy: generous above what the
 # behaviour takes, far below what the defect would (a long request generates for 10 s or more).
 

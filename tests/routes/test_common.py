@@ -1,4 +1,4 @@
-"""braid.http.view.completions called directly: no quart, no sockets, one trio run per test."""
+"""braid.routes.common.completions called directly: no quart, no sockets, one trio run per test."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import trio
 from braid.engine.base import EngineOutput, EngineRequest
 from braid.engine.scripted import ScriptedEngine
 from braid.http.body import CompletionStream
-from braid.http.view import AppState, JsonResponse, completions
 from braid.metrics import Metrics
+from braid.routes.common import AppState, JsonResponse, completions
 from braid.settings import Settings
 from tests.helpers import aborts, parse_sse
 

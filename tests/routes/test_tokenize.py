@@ -12,9 +12,9 @@ import msgspec
 import pytest
 import trio
 
-from braid import responses
 from braid.engine.scripted import ByteTokenizer
-from braid.tokenize import INLINE_CHARS
+from braid.stream.tokenize import INLINE_CHARS
+from braid.wire import shapes as responses
 from tests.helpers import LiveServer, RecordingTokenizer, start_server
 
 pytestmark = pytest.mark.usefixtures("server")

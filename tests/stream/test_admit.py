@@ -1,4 +1,4 @@
-"""braid.admit: slots, the queue, round-robin grants, the reserve, cancellation."""
+"""braid.stream.admit: slots, the queue, round-robin grants, the reserve, cancellation."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import pytest
 import trio
 import trio.testing
 
-from braid.admit import Admission, admission_for, default_reserve
 from braid.engine.base import ModelInfo
 from braid.errors import InvalidRequest, TooManyRequests
 from braid.settings import Settings
+from braid.stream.admit import Admission, admission_for, default_reserve
 
 
 async def _acquire_in_order(nursery: trio.Nursery, ticket, cost: int, log: list, name: str, times: int = 1) -> None:  # type: ignore[no-untyped-def]

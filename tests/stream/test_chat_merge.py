@@ -1,4 +1,4 @@
-"""braid.chat_merge: chat's streamed and non-streamed bodies, fed by the real ScriptedEngine.
+"""braid.stream.chat_merge: chat's streamed and non-streamed bodies, fed by the real ScriptedEngine.
 
 Expected texts and token counts come from the engine's own outputs, never from braid's rendering.
 """
@@ -9,14 +9,14 @@ import json
 
 import pytest
 
-from braid.chat import echo_text, render, response_role
-from braid.chat_merge import ChatResponseCollector, ChatShape, ChatStreamMerger
-from braid.chat_request import parse_chat
 from braid.engine.scripted import ScriptedEngine
 from braid.errors import EngineError
-from braid.merge import Phase, ProtocolViolation
-from braid.plan import Plan, make_plan
-from braid.request import TextPrompt, build_request
+from braid.stream.chat_merge import ChatResponseCollector, ChatShape, ChatStreamMerger
+from braid.stream.merge import Phase, ProtocolViolation
+from braid.stream.plan import Plan, make_plan
+from braid.wire.chat_request import parse_chat
+from braid.wire.completions_request import TextPrompt, build_request
+from braid.wire.messages import echo_text, render, response_role
 from tests.helpers import LIMITS, TOK, generate, interleave, parse_sse
 
 USER = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]

@@ -6,7 +6,7 @@ import pytest
 import trio
 import trio.testing
 
-from braid.heartbeat import TICK, Heartbeat
+from braid.stream.heartbeat import TICK, Heartbeat
 
 
 async def test_a_wait_ends_with_none_after_a_whole_period(autojump_clock: trio.testing.MockClock) -> None:

@@ -1,4 +1,4 @@
-"""braid.merge: StreamMerger and ResponseCollector, the streamed and non-streamed bodies they
+"""braid.stream.merge: StreamMerger and ResponseCollector, the streamed and non-streamed bodies they
 build (texts, finish reasons, usage, [DONE]) and their protocol, fed by the real ScriptedEngine.
 
 Expected values come from the engine's own outputs (tests/helpers.py's Expected), never from
@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from braid.engine.base import ChoiceDelta, EngineOutput
 from braid.engine.scripted import VOCAB_SIZE, ScriptedEngine
 from braid.errors import EngineError, InvalidRequest
-from braid.merge import Phase, ProtocolViolation, ResponseCollector, StreamMerger
-from braid.plan import Plan, make_plan
-from braid.request import parse_request
-from braid.run import Arrival
+from braid.stream.merge import Phase, ProtocolViolation, ResponseCollector, StreamMerger
+from braid.stream.plan import Plan, make_plan
+from braid.stream.run import Arrival
+from braid.wire.completions_request import parse_request
 from tests.helpers import (
     LIMITS,
     TOK,

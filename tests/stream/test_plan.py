@@ -10,8 +10,8 @@ import pytest
 from braid.engine.base import ModelInfo
 from braid.engine.scripted import BOS, VOCAB_SIZE, ByteTokenizer, ScriptedEngine
 from braid.errors import InvalidRequest
-from braid.plan import Plan, make_plan
-from braid.request import Limits, parse_request
+from braid.stream.plan import Plan, make_plan
+from braid.wire.completions_request import Limits, parse_request
 
 TOK = ByteTokenizer()
 INFO = ScriptedEngine().info

@@ -1,4 +1,4 @@
-"""braid.render: the choice index, echo, logprobs, token ids and stop reasons of each chunk.
+"""braid.stream.render: the choice index, echo, logprobs, token ids and stop reasons of each chunk.
 
 Driven through the merger and collector (tests/helpers.py's run_stream and run_whole) with the real
 ScriptedEngine, and compared with what the engine itself produced.
@@ -10,7 +10,7 @@ import pytest
 
 from braid.engine.base import Logprob
 from braid.engine.scripted import BOS, EOS, VOCAB_SIZE
-from braid.render import ChoiceRenderer, render_logprobs
+from braid.stream.render import ChoiceRenderer, render_logprobs
 from tests.helpers import (
     TOK,
     Expected,

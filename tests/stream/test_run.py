@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import trio
 
-from braid.admit import Admission
 from braid.engine.scripted import ScriptedEngine
 from braid.errors import DeadlineExceeded, EngineError, StreamStalled
 from braid.metrics import Metrics
-from braid.plan import Plan, make_plan
-from braid.request import Limits, parse_request
-from braid.run import CompletionRun
 from braid.settings import Settings
+from braid.stream.admit import Admission
+from braid.stream.plan import Plan, make_plan
+from braid.stream.run import CompletionRun
+from braid.wire.completions_request import Limits, parse_request
 from tests.helpers import aborts
 
 
@@ -102,7 +102,7 @@ async def test_a_finished_run_leaves_no_request_behind() -> None:
 async def test_a_large_batch_opens_its_requests_a_chunk_per_scheduler_round(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    from braid.run import START_CHUNK
+    from braid.stream.run import START_CHUNK
 
     engine = ScriptedEngine(token_delay=1.0)
     count = 4 * START_CHUNK
@@ -128,7 +128,7 @@ async def test_a_large_batch_opens_its_requests_a_chunk_per_scheduler_round(
 
 
 async def test_drivers_that_run_after_the_run_is_cancelled_open_nothing(autojump_clock: trio.testing.MockClock) -> None:
-    from braid.run import START_CHUNK
+    from braid.stream.run import START_CHUNK
 
     engine = ScriptedEngine(token_delay=1.0)
     count = 3 * START_CHUNK

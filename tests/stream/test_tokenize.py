@@ -1,4 +1,4 @@
-"""braid.tokenize: small requests tokenize inline, large ones on one worker thread at a time,
+"""braid.stream.tokenize: small requests tokenize inline, large ones on one worker thread at a time,
 and the Trio thread keeps running while a large one tokenizes."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import trio
 
 from braid.engine.scripted import ByteTokenizer
-from braid.request import Limits, parse_request
-from braid.tokenize import INLINE_CHARS, encode_prompts, text_prompts
+from braid.stream.tokenize import INLINE_CHARS, encode_prompts, text_prompts
+from braid.wire.completions_request import Limits, parse_request
 from tests.helpers import RecordingTokenizer, big_batch
 
 TOK = ByteTokenizer()

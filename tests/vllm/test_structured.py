@@ -17,7 +17,7 @@ from braid.engine.vllm_common import CPU_ENGINE_ARGS, is_cpu_build, prepare_envi
 from braid.engine.vllm_core import VllmCoreEngine
 from braid.errors import InvalidRequest
 from braid.models.tiny import default_dir
-from braid.structured import Structured
+from braid.wire.structured import Structured
 from tests.helpers import VllmServer, parse_sse
 
 pytestmark = pytest.mark.vllm

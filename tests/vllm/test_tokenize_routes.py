@@ -13,7 +13,7 @@ import httpx
 import msgspec
 import pytest
 
-from braid import responses
+from braid.wire import shapes as responses
 from tests.helpers import VllmServer
 from tools.servers import tiny_model_dir
 

@@ -181,7 +181,7 @@ def test_the_worker_tokenizer_encodes_like_the_trio_threads() -> None:
 
 
 def test_a_large_text_batch_counts_the_same_prompt_tokens(vllm_server: VllmServer) -> None:
-    from braid.tokenize import INLINE_CHARS
+    from braid.stream.tokenize import INLINE_CHARS
 
     hf = _tiny_hf_tokenizer()
     prompts = [(f"{t} {i} " * 100)[:600] for i, t in enumerate(TOKENIZE_TEXTS * 8)]

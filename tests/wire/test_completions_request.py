@@ -10,7 +10,7 @@ import pytest
 
 from braid.engine.base import SamplingParams
 from braid.errors import InvalidRequest, SchemaError
-from braid.request import (
+from braid.wire.completions_request import (
     _UNSUPPORTED,
     CompletionBody,
     CompletionRequest,
@@ -21,7 +21,7 @@ from braid.request import (
     parse_prompts,
     parse_request,
 )
-from braid.structured import GUIDED, Structured
+from braid.wire.structured import GUIDED, Structured
 
 VOCAB = 259  # the scripted engine's vocabulary
 LIMITS = Limits(vocab_size=VOCAB)

@@ -1,4 +1,4 @@
-"""braid.chat and braid.chat_request: conversations, the template options, the chat body's rules."""
+"""braid.wire.messages and braid.wire.chat_request: conversations, the template options, the chat body's rules."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from braid.chat import Message, TemplateOptions, echo_text, parse_messages, render, response_role
-from braid.chat_request import parse_chat
 from braid.engine.scripted import ByteTokenizer
 from braid.errors import InvalidRequest, SchemaError
-from braid.request import Limits
+from braid.wire.chat_request import parse_chat
+from braid.wire.completions_request import Limits
+from braid.wire.messages import Message, TemplateOptions, echo_text, parse_messages, render, response_role
 
 LIMITS = Limits(vocab_size=259, max_logprobs=20)
 USER = [{"role": "user", "content": "Hi"}]

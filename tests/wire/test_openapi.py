@@ -1,4 +1,4 @@
-"""GET /openapi.json (braid.http.openapi), and real responses against braid.responses.
+"""GET /openapi.json (braid.wire.openapi), and real responses against braid.wire.shapes.
 
 The fuzzing of every route against the document is tests/http/test_schemathesis.py.
 """
@@ -15,11 +15,11 @@ import schemathesis
 import trio
 
 import braid
-from braid import responses
 from braid.http.app import ROUTES
-from braid.http.openapi import OPENAPI_VERSION, document
-from braid.request import CompletionBody, Limits, parse_request
 from braid.settings import Settings
+from braid.wire import shapes as responses
+from braid.wire.completions_request import CompletionBody, Limits, parse_request
+from braid.wire.openapi import OPENAPI_VERSION, document
 from tests.helpers import LiveServer, start_server
 
 
@@ -88,7 +88,7 @@ def test_security_follows_the_keys() -> None:
     assert 401 in _statuses(public, "/openapi.json")
 
 
-# --- real responses, decoded strictly through braid.responses ---------------------------------------
+# --- real responses, decoded strictly through braid.wire.shapes ---------------------------------------
 
 
 def _strict(raw: bytes | str, kind: type[msgspec.Struct]) -> Any:

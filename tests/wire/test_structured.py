@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from braid.errors import InvalidRequest, SchemaError
-from braid.request import Limits, parse_request
-from braid.structured import GUIDED, KINDS, MAX_JSON_NESTING, Structured, structured_from
+from braid.wire.completions_request import Limits, parse_request
+from braid.wire.structured import GUIDED, KINDS, MAX_JSON_NESTING, Structured, structured_from
 
 SCHEMA = {"type": "object", "properties": {"c": {"enum": ["red", "green"]}}, "additionalProperties": False}
 SCHEMA_TEXT = json.dumps(SCHEMA, separators=(",", ":"))

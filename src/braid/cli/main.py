@@ -22,16 +22,16 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from braid.admit import default_reserve
 from braid.engine.base import Engine
 from braid.engine.scripted import ScriptedEngine
 from braid.engine.vllm_common import check_engine_args
 from braid.logs import LOG_FORMATS
 from braid.logs import configure as configure_logs
 from braid.settings import Settings
+from braid.stream.admit import default_reserve
 
 if TYPE_CHECKING:
-    from braid.server import ServerConfig
+    from braid.http.server import ServerConfig
 
 # Nothing here imports quart at module level: vLLM's engine process is started with "spawn",
 # which re-imports this module, and vLLM's CPU kernel set-up calls hasattr() on every module
@@ -99,7 +99,7 @@ def _parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     """``braid``'s parser. With ``env`` (``main`` passes ``os.environ``), every ``serve`` option
     ``--some-flag`` takes its default from ``BRAID_SOME_FLAG`` when that is set: see
     :func:`_env_defaults`. ``--help`` shows each option's default and variable."""
-    from braid.server import ServerConfig  # imports quart: never at module level (see above)
+    from braid.http.server import ServerConfig  # imports quart: never at module level (see above)
 
     p = argparse.ArgumentParser(prog="braid", description="Batched OpenAI-compatible completions on Trio.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -269,7 +269,7 @@ def _parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
         default=None,
         metavar="SECONDS",
         help="reset a connection whose client takes less than 16 KiB of a response in this long "
-        "(braid.http.write_deadline); default: the stall timeout",
+        "(braid.http.patches.write_deadline); default: the stall timeout",
     )
     h.add_argument(
         "--backlog",
@@ -281,7 +281,7 @@ def _parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
         "--accept-batch",
         type=int,
         default=attrs.fields(ServerConfig).accept_batch.default,
-        help="connections one turn of the accept loop takes (braid.http.accept); 1: trio's own, "
+        help="connections one turn of the accept loop takes (braid.http.patches.accept); 1: trio's own, "
         "one per scheduler round (for comparison)",
     )
     h.add_argument("--keep-alive", type=float, default=75.0, help="idle keep-alive timeout (seconds)")
@@ -298,7 +298,7 @@ def _parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
         "--stock-send",
         action="store_true",
         help="send every response chunk through hypercorn's own locked path, not braid's "
-        "direct socket write (see braid.http.fast_send; for comparison)",
+        "direct socket write (see braid.http.patches.fast_send; for comparison)",
     )
     _env_defaults(s, env)
     return p
@@ -382,7 +382,7 @@ def _vllm_kwargs(args: argparse.Namespace, default_model: bool) -> dict[str, Any
 
 
 def _extra_seqs(reserve: int | None) -> Callable[[int], int]:
-    """Room for admission's reserve on top of the engine's running cap (braid.admit)."""
+    """Room for admission's reserve on top of the engine's running cap (braid.stream.admit)."""
     if reserve is not None:
         return lambda _seqs: reserve
     return default_reserve
@@ -488,7 +488,7 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
 
 
 def _server_config(args: argparse.Namespace) -> ServerConfig:
-    from braid.server import ServerConfig  # imports quart: never at module level
+    from braid.http.server import ServerConfig  # imports quart: never at module level
 
     return ServerConfig(
         args.host,
@@ -505,7 +505,7 @@ def _server_config(args: argparse.Namespace) -> ServerConfig:
 
 def main(argv: list[str] | None = None) -> int:
     from braid.http.app import create_app
-    from braid.server import serve
+    from braid.http.server import serve
 
     parser = _parser(os.environ)
     args = parser.parse_args(argv)

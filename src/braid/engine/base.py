@@ -59,7 +59,7 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 
 from braid.errors import BraidError, InvalidRequest
-from braid.structured import Structured
+from braid.wire.structured import Structured
 
 TopLogprobs = Mapping[int, "Logprob"]
 """Logprobs at one position: token id -> logprob, the sampled (or actual prompt) token first."""
@@ -83,14 +83,14 @@ class ModelInfo:
     """The engine's cap on requests it runs at once (vLLM's scheduler; None: no cap)."""
     reserved_seqs: int = 0
     """Of ``max_num_seqs``, how many braid added for requests waiting for their first slot
-    (``braid.admit``'s reserve); the rest is what the operator asked for."""
+    (``braid.stream.admit``'s reserve); the rest is what the operator asked for."""
 
 
 @attrs.frozen
 class SamplingParams:
     """What the engine samples with. Validated by braid before it reaches any engine.
 
-    The one declaration of the sampling fields: :func:`braid.request.parse_request` fills each
+    The one declaration of the sampling fields: :func:`braid.wire.completions_request.parse_request` fills each
     from the body field of the same name (absent or null: the default here), and the vLLM engine
     passes each to vLLM's ``SamplingParams`` under the same name. A new field that passes straight
     through is declared here and in the request's wire schema, and nowhere else.
@@ -119,7 +119,7 @@ class SamplingParams:
     allowed_token_ids: tuple[int, ...] | None = None
     bad_words: tuple[str, ...] | None = None
     structured_outputs: Structured | None = None
-    """The output's constraint (:mod:`braid.structured`), from ``structured_outputs``,
+    """The output's constraint (:mod:`braid.wire.structured`), from ``structured_outputs``,
     ``response_format`` or the deprecated ``guided_*`` fields; vLLM's field of the same name."""
 
 
@@ -164,7 +164,7 @@ Deliver = Callable[[EngineOutput], bool]
 class Tokenizer(Protocol):
     """A model's tokenizer, used on the Trio thread. ``decode``, ``token_strs`` and
     ``apply_chat_template`` only read it, so braid also calls them from its one tokenizing
-    thread (braid.tokenize, braid.http.tokenize_view) while the Trio thread goes on using it."""
+    thread (braid.stream.tokenize, braid.routes.tokenize) while the Trio thread goes on using it."""
 
     @property
     def vocab_size(self) -> int: ...
@@ -179,7 +179,7 @@ class Tokenizer(Protocol):
 
     def encode_many(self, texts: list[str], *, add_special_tokens: bool = True) -> list[list[int]]:
         """``[encode(t) for t in texts]``, safe to call from one worker thread at a time while the
-        Trio thread goes on using this tokenizer (braid.tokenize): it must not share mutable
+        Trio thread goes on using this tokenizer (braid.stream.tokenize): it must not share mutable
         state with ``encode``/``decode``, and should release the GIL while it works."""
         ...
 

@@ -18,7 +18,7 @@ import trio
 
 from braid.engine.base import ChoiceDelta, EngineOutput, EngineRequest, Logprob, SamplingParams, TopLogprobs
 from braid.errors import BraidError, EngineError, EngineRejected, EngineUnavailable, InvalidRequest
-from braid.structured import Structured
+from braid.wire.structured import Structured
 
 # What vLLM needs on a CPU machine. tools/servers.py gives vLLM's
 # own server the same, so the parity tier and the benchmarks compare like with like.
@@ -89,7 +89,7 @@ _PROBES = ("Hello, world!", " leading space\tand tab\n", "naïve café 東京 �
 class HfTokenizer:
     """braid's Tokenizer protocol over a Hugging Face tokenizer (braid's own instance).
 
-    ``encode_many`` (braid.tokenize's worker thread) uses a private copy of the Rust backend, so
+    ``encode_many`` (braid.stream.tokenize's worker thread) uses a private copy of the Rust backend, so
     it shares no state with the Trio thread's instance, and the backend releases the GIL while it
     encodes a batch. The copy is used only if it encodes like ``encode`` on a few probes (a
     tokenizer class may add its own steps in Python); otherwise, and for slow tokenizers, the

@@ -478,7 +478,7 @@ async def open_core_engine(
 
     ``extra_seqs(max_num_seqs)``: how many sequences to add to the scheduler's running cap as
     configured (the operator's ``max_num_seqs`` or vLLM's default for the platform), for the
-    admission reserve (``braid.admit``); ModelInfo reports both."""
+    admission reserve (``braid.stream.admit``); ModelInfo reports both."""
 
     def start() -> tuple[Any, ...]:
         from vllm import AsyncEngineArgs

@@ -1,7 +1,7 @@
 """The quart-trio app: routes and error rendering.
 
-The completions view is :func:`braid.http.view.completions`, quart-free (the tokenize routes':
-:mod:`braid.http.tokenize_view`); the route here reads the body (within the limits of
+The completions view is :func:`braid.routes.common.completions`, quart-free (the tokenize routes':
+:mod:`braid.routes.tokenize`); the route here reads the body (within the limits of
 :mod:`braid.http.limits`), calls it, and turns its answer into a quart ``Response`` (a JSON
 body, or the ``CompletionStream`` as a ``text/event-stream`` body without quart's response
 timeout). The handlers below render what escapes a view: a :class:`~braid.errors.BraidError` as
@@ -24,15 +24,18 @@ from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException
 
 import braid
-from braid import responses
-from braid.encode import error_body
 from braid.engine.base import Engine
 from braid.errors import BraidError, error_payload
-from braid.http import access_log, auth, cors, counting, forwarded, limits, openapi, tokenize_view, view
+from braid.http import access_log, auth, cors, counting, forwarded, limits
 from braid.http.body import CompletionStream
-from braid.http.view import AppState, JsonResponse
 from braid.metrics import Metrics
+from braid.routes import common as view
+from braid.routes import tokenize as tokenize_view
+from braid.routes.common import AppState, JsonResponse
 from braid.settings import Settings
+from braid.wire import openapi
+from braid.wire import shapes as responses
+from braid.wire.completions_response import error_body
 
 log = logging.getLogger("braid")
 

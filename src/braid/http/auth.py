@@ -28,9 +28,9 @@ import hmac
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
-from braid.encode import error_body
 from braid.errors import Unauthorized
 from braid.settings import Settings
+from braid.wire.completions_response import error_body
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]

@@ -6,11 +6,11 @@ no nursery or cancel scope is held across a ``yield`` (trio forbids that in asyn
 
 Each ``__anext__`` returns every event that is ready as one body chunk: one event when the stream
 is idle, many under load, because each body send costs far more than encoding an event. When
-drivers handed its events over (not the engine itself, see :mod:`braid.run`), it gathers for a
+drivers handed its events over (not the engine itself, see :mod:`braid.stream.run`), it gathers for a
 few scheduler rounds more while they keep adding (a producer faster than the sends; see
 :func:`_gather`), never waiting on a clock. When nothing
 arrives for the heartbeat's period it returns an SSE comment, which keeps proxies from timing
-out an idle stream (the rules are :mod:`braid.heartbeat`'s). When the client disconnects, quart cancels this task; ``__aexit__``
+out an idle stream (the rules are :mod:`braid.stream.heartbeat`'s). When the client disconnects, quart cancels this task; ``__aexit__``
 then aborts every engine request of the run before it returns.
 """
 
@@ -21,12 +21,12 @@ from types import TracebackType
 import trio
 from quart.wrappers.response import ResponseBody
 
-from braid.chat_merge import ChatStreamMerger
-from braid.encode import HEARTBEAT
 from braid.errors import BraidError
-from braid.heartbeat import TICK
-from braid.merge import Phase, StreamMerger
-from braid.run import Arrival, CompletionRun
+from braid.stream.chat_merge import ChatStreamMerger
+from braid.stream.heartbeat import TICK
+from braid.stream.merge import Phase, StreamMerger
+from braid.stream.run import Arrival, CompletionRun
+from braid.wire.completions_response import HEARTBEAT
 
 GATHER_ROUNDS = 4
 """At most this many scheduler rounds gather a chunk's events (see :func:`_gather`)."""
@@ -71,7 +71,7 @@ class CompletionStream(ResponseBody):
                 else:
                     arrivals = ready  # type: ignore[assignment]
                 if not arrivals:
-                    # Waits for output, or for the heartbeat's period (braid.heartbeat).
+                    # Waits for output, or for the heartbeat's period (braid.stream.heartbeat).
                     arrivals = await heartbeat.wait(run.receive_ready)
                     if arrivals is None:
                         return HEARTBEAT

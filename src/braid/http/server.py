@@ -13,7 +13,7 @@ which takes ``graceful_timeout`` seconds at most, whatever the clients do:
    dropped, and its response ends as an error does (a stream: an error event and ``[DONE]``), so
    its client learns why rather than seeing the connection cut.
 4. At ``graceful_timeout`` hypercorn cancels what is left (a response still being written) and a
-   write still waiting on a client's socket is cut off (:mod:`braid.http.write_deadline`): a
+   write still waiting on a client's socket is cut off (:mod:`braid.http.patches.write_deadline`): a
    client that reads nothing does not hold the drain up.
 
 Then :func:`serve` returns, and ``braid serve`` shuts the engine down and exits 0.
@@ -30,14 +30,14 @@ import hypercorn.trio
 import trio
 
 from braid.errors import DrainTimeout
-from braid.http.accept import ACCEPT_BATCH, batched_accept
 from braid.http.app import BraidApp
-from braid.http.fast_send import fast_send
-from braid.http.h2_late_data import late_data_dropped
-from braid.http.h11_body import direct_body
 from braid.http.limits import configure_hypercorn
-from braid.http.view import DRAINING_RETRY_AFTER
-from braid.http.write_deadline import WriteDeadlines
+from braid.http.patches.accept import ACCEPT_BATCH, batched_accept
+from braid.http.patches.fast_send import fast_send
+from braid.http.patches.h2_late_data import late_data_dropped
+from braid.http.patches.h11_body import direct_body
+from braid.http.patches.write_deadline import WriteDeadlines
+from braid.routes.common import DRAINING_RETRY_AFTER
 from braid.settings import Settings
 
 log = logging.getLogger("braid")
@@ -55,10 +55,10 @@ class ServerConfig:
     # Longer than nginx's upstream keepalive_timeout (60 s), so the proxy closes idle upstream
     # connections first and never reuses one that hypercorn is closing.
     keep_alive_timeout: float = 75.0
-    # Write each response chunk straight to the socket when it has room (braid.http.fast_send).
+    # Write each response chunk straight to the socket when it has room (braid.http.patches.fast_send).
     fast_send: bool = True
     # A connection whose client takes less than 16 KiB of a response in this long is reset
-    # (braid.http.write_deadline). The stall timeout's default, so that with the defaults a
+    # (braid.http.patches.write_deadline). The stall timeout's default, so that with the defaults a
     # client that reads nothing loses its engine work and its connection at about the same time.
     write_timeout: float = attrs.field(default=Settings().stall_timeout, validator=attrs.validators.gt(0))
     # The listen queue: connections the kernel completes before the accept loop takes them.
@@ -66,7 +66,7 @@ class ServerConfig:
     # beyond it is dropped by the kernel and retried by clients a second or more later. Linux
     # caps it at net.core.somaxconn (4096 on kernels since 5.4).
     backlog: int = attrs.field(default=2048, validator=attrs.validators.gt(0))
-    # Connections one turn of the accept loop takes (braid.http.accept); 1 is trio's own loop,
+    # Connections one turn of the accept loop takes (braid.http.patches.accept); 1 is trio's own loop,
     # one connection per scheduler round.
     accept_batch: int = attrs.field(default=ACCEPT_BATCH, validator=attrs.validators.gt(0))
 

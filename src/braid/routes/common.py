@@ -1,8 +1,8 @@
 """The completions view, without quart: request bytes and headers in, a response to send out.
 
 :func:`completions` is the whole data path of ``POST /v1/completions`` in order: validate
-(:mod:`braid.request`), tokenize (:mod:`braid.tokenize`), plan (:mod:`braid.plan`), run
-(:mod:`braid.run`), merge (:mod:`braid.merge`), encode (:mod:`braid.encode`). The quart route in
+(:mod:`braid.wire.completions_request`), tokenize (:mod:`braid.stream.tokenize`), plan (:mod:`braid.stream.plan`), run
+(:mod:`braid.stream.run`), merge (:mod:`braid.stream.merge`), encode (:mod:`braid.wire.completions_response`). The quart route in
 :mod:`braid.http.app` only reads the body, calls it, and wraps what it returns; the property suite
 (``property_tests/harness.py``) calls the same function on a virtual clock, so the suite tests the
 code that serves.
@@ -23,11 +23,6 @@ from typing import cast
 import attrs
 import trio
 
-from braid.admit import Admission, Ticket, admission_for
-from braid.chat import echo_text, response_role
-from braid.chat_merge import ChatResponseCollector, ChatShape, ChatStreamMerger
-from braid.chat_request import parse_chat
-from braid.encode import error_body
 from braid.engine.base import Engine, check_structured
 from braid.errors import (
     BraidError,
@@ -38,13 +33,18 @@ from braid.errors import (
     SchemaError,
 )
 from braid.http.body import CompletionStream
-from braid.merge import ResponseCollector, StreamMerger
 from braid.metrics import Metrics
-from braid.plan import Plan, check_limits, make_plan
-from braid.request import CompletionRequest, Limits, TextPrompt, build_request, parse_request
-from braid.run import Arrival, CompletionRun
 from braid.settings import Settings
-from braid.tokenize import encode_prompts, render_conversations
+from braid.stream.admit import Admission, Ticket, admission_for
+from braid.stream.chat_merge import ChatResponseCollector, ChatShape, ChatStreamMerger
+from braid.stream.merge import ResponseCollector, StreamMerger
+from braid.stream.plan import Plan, check_limits, make_plan
+from braid.stream.run import Arrival, CompletionRun
+from braid.stream.tokenize import encode_prompts, render_conversations
+from braid.wire.chat_request import parse_chat
+from braid.wire.completions_request import CompletionRequest, Limits, TextPrompt, build_request, parse_request
+from braid.wire.completions_response import error_body
+from braid.wire.messages import echo_text, response_role
 
 DRAINING_RETRY_AFTER = 5
 """Seconds a client of a draining server is told to wait: behind a proxy its retry reaches a
@@ -78,7 +78,7 @@ class AppState:
     runs: set[CompletionRun] = attrs.Factory(set)
     """The runs open now (each adds itself on entry and leaves on exit; see :meth:`end_runs`)."""
     # One large batch tokenizes on a worker thread at a time (the tokenizer's worker copy is
-    # not shared between threads; see braid.tokenize).
+    # not shared between threads; see braid.stream.tokenize).
     tokenize_limiter: trio.CapacityLimiter = attrs.Factory(lambda: trio.CapacityLimiter(1))
     # Where response ids and creation times come from; tests pass fixed ones.
     new_id: Callable[[], str] = lambda: uuid.uuid4().hex
@@ -165,7 +165,7 @@ async def chat_completions(
     """Answer one chat request (``batch``: the batch route, a list of conversations), as
     :func:`completions` answers its requests: the same admission, plan, run and errors; only
     the prompts (rendered from messages by the model's chat template) and the response's shape
-    (:mod:`braid.chat_merge`) differ."""
+    (:mod:`braid.stream.chat_merge`) differ."""
     try:
         return await _chat(state, read_body, content_type, request_id, batch)
     except BraidError as err:

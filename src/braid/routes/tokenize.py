@@ -2,16 +2,16 @@
 
 ``POST /tokenize`` answers ``{count, max_model_len, tokens, token_strs}`` (``token_strs`` null
 unless asked for), ``POST /detokenize`` answers ``{prompt}``; what they take and refuse is
-:mod:`braid.tokenize_request`. Neither is an engine request: no admission ticket, and they are
+:mod:`braid.wire.tokenize_request`. Neither is an engine request: no admission ticket, and they are
 answered while the server drains or after the engine has died (the tokenizer is braid's own).
 
-Like a completions prompt (:mod:`braid.tokenize`), a large body is worked on braid's tokenizing
-thread, not the Trio thread: over :data:`~braid.tokenize.INLINE_CHARS` bytes of body, the
+Like a completions prompt (:mod:`braid.stream.tokenize`), a large body is worked on braid's tokenizing
+thread, not the Trio thread: over :data:`~braid.stream.tokenize.INLINE_CHARS` bytes of body, the
 rendering, encoding (``encode_many``) and spelling of a ``/tokenize``, and the decoding of a
 ``/detokenize``, run there, one request at a time (``AppState.tokenize_limiter``). Inline, a
 long text or a few hundred thousand ids would stall every stream of the server for the time
 they take. The request's ``--request-timeout`` bounds the whole (408 past it); cancellation
-waits for the thread, as in :mod:`braid.tokenize`.
+waits for the thread, as in :mod:`braid.stream.tokenize`.
 
 Every :class:`~braid.errors.BraidError` is answered as its JSON error, as the completions view
 answers its own; anything else is a bug, raised as it is (the app answers it with a 500).
@@ -26,14 +26,14 @@ from typing import TypeVar
 import msgspec
 import trio
 
-from braid import responses
-from braid.chat import render
-from braid.encode import error_body
 from braid.engine.base import Tokenizer
 from braid.errors import BraidError, DeadlineExceeded
-from braid.http.view import AppState, JsonResponse, error_headers, require_json
-from braid.tokenize import INLINE_CHARS
-from braid.tokenize_request import Detokenize, TokenizeChat, TokenizeText, parse_detokenize, parse_tokenize
+from braid.routes.common import AppState, JsonResponse, error_headers, require_json
+from braid.stream.tokenize import INLINE_CHARS
+from braid.wire import shapes as responses
+from braid.wire.completions_response import error_body
+from braid.wire.messages import render
+from braid.wire.tokenize_request import Detokenize, TokenizeChat, TokenizeText, parse_detokenize, parse_tokenize
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """Merge chat: the arrival-ordered outputs of every conversation -> one chat response. Pure.
 
-The same state machine as :class:`braid.merge.StreamMerger` (STREAMING, then DONE after the
+The same state machine as :class:`braid.stream.merge.StreamMerger` (STREAMING, then DONE after the
 usage event and ``[DONE]``, or after an error event and ``[DONE]``), with chat's framing: the first
 outputs to arrive are preceded by one role chunk per choice (and, with ``echo``, one chunk with
 the echoed text per choice), in choice order, so every choice's role comes before its content.
@@ -14,13 +14,13 @@ from collections.abc import Iterable
 
 import attrs
 
-from braid.chat_encode import ChatChoice, ChatSseEncoder, chat_body
-from braid.encode import Usage
 from braid.engine.base import Tokenizer
-from braid.merge import ProtocolViolation, StreamMerger
-from braid.plan import Plan
-from braid.render import ChoiceRenderer, render_prompt_logprobs
-from braid.run import Arrival
+from braid.stream.merge import ProtocolViolation, StreamMerger
+from braid.stream.plan import Plan
+from braid.stream.render import ChoiceRenderer, render_prompt_logprobs
+from braid.stream.run import Arrival
+from braid.wire.chat_response import ChatChoice, ChatSseEncoder, chat_body
+from braid.wire.completions_response import Usage
 
 
 @attrs.frozen
@@ -41,7 +41,7 @@ def _renderer(plan: Plan, tokenizer: Tokenizer, shape: ChatShape) -> ChoiceRende
 
 @attrs.define
 class ChatStreamMerger(StreamMerger):
-    """:class:`~braid.merge.StreamMerger` with chat's events: the same phases, finish and fail;
+    """:class:`~braid.stream.merge.StreamMerger` with chat's events: the same phases, finish and fail;
     the first :meth:`feed` opens every choice first."""
 
     shape: ChatShape = attrs.field(kw_only=True)

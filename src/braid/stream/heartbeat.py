@@ -6,7 +6,7 @@ channel, says "still here" once it has waited a whole ``period`` since its last 
 
 One :class:`Heartbeat` per stream, and every rule of it is here:
 
-* **Owner.** The run (:class:`~braid.run.CompletionRun`) makes it, starts its :meth:`clock` task
+* **Owner.** The run (:class:`~braid.stream.run.CompletionRun`) makes it, starts its :meth:`clock` task
   in the run's nursery with a clone of the run's channel, and :meth:`stop`\\ s it when the drivers
   are done (its clone then closes with theirs, so the channel ends). The body only calls
   :meth:`new_chunk` and :meth:`wait`.

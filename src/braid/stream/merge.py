@@ -19,12 +19,12 @@ from typing import Protocol
 
 import attrs
 
-from braid.encode import DONE, SseEncoder, Usage, completion_body
 from braid.engine.base import Tokenizer
 from braid.errors import BraidError
-from braid.plan import Plan
-from braid.render import ChoiceChunk, ChoiceRenderer, LogprobsFragment
-from braid.run import Arrival
+from braid.stream.plan import Plan
+from braid.stream.render import ChoiceChunk, ChoiceRenderer, LogprobsFragment
+from braid.stream.run import Arrival
+from braid.wire.completions_response import DONE, SseEncoder, Usage, completion_body
 
 
 class ProtocolViolation(RuntimeError):
@@ -37,8 +37,8 @@ class Phase(enum.Enum):
 
 
 class EventEncoder(Protocol):
-    """A stream's event shapes: :class:`~braid.encode.SseEncoder` (completions) or
-    :class:`~braid.chat_encode.ChatSseEncoder` (chat)."""
+    """A stream's event shapes: :class:`~braid.wire.completions_response.SseEncoder` (completions) or
+    :class:`~braid.wire.chat_response.ChatSseEncoder` (chat)."""
 
     def chunk(self, c: ChoiceChunk, usage: Usage | None) -> bytes: ...
 

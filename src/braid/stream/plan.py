@@ -1,7 +1,7 @@
 """Plan: a validated request + the model -> one engine request per prompt, with length checks.
 
 Pure apart from calling the tokenizer (for text prompts not in ``encoded``, and for echoes that
-need decoding). The HTTP view tokenizes first, in :mod:`braid.tokenize`, so that a large batch's
+need decoding). The HTTP view tokenizes first, in :mod:`braid.stream.tokenize`, so that a large batch's
 texts are encoded off the Trio thread. Any failure here is a 400 for the whole batch, raised
 before the response starts. Choice ``k`` of prompt ``i`` has the global index ``i * n + k``.
 """
@@ -14,7 +14,7 @@ import attrs
 
 from braid.engine.base import EngineRequest, ModelInfo, SamplingParams, Tokenizer
 from braid.errors import InvalidRequest
-from braid.request import CompletionRequest, TextPrompt
+from braid.wire.completions_request import CompletionRequest, TextPrompt
 
 
 @attrs.frozen
@@ -108,7 +108,7 @@ def _truncate(ids: tuple[int, ...], keep: int, side: str | None, specials: tuple
 def check_limits(req: CompletionRequest, info: ModelInfo, tokenizer: Tokenizer) -> None:
     """The checks vLLM 0.32 makes before it tokenizes (in this order), or :class:`InvalidRequest`.
 
-    Run by the view before :mod:`braid.tokenize`, so that an over-long text costs no tokenizing,
+    Run by the view before :mod:`braid.stream.tokenize`, so that an over-long text costs no tokenizing,
     and again by :func:`make_plan`. A text of more than ``max_model_len * max_chars_per_token``
     characters cannot fit the context, whatever it encodes to; with ``truncate_prompt_tokens``
     set it is truncated instead, so it is not refused.
@@ -154,7 +154,7 @@ def make_plan(
     ``request_id`` is the response's ``id``; engine requests are ``{engine_request_id}-{i}``
     (default: the same prefix). It must be unique among running requests: a batch abort names
     engine requests by these ids, and ``request_id`` may be the client's own. ``encoded`` holds
-    text prompts' token ids by prompt index (:func:`braid.tokenize.encode_prompts`); a text
+    text prompts' token ids by prompt index (:func:`braid.stream.tokenize.encode_prompts`); a text
     prompt missing from it is encoded here. ``cached_tokens``: the usage reports the prompt tokens
     found in the engine's prefix cache.
     """

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import attrs
 
 from braid.engine.base import EngineOutput, Tokenizer, TopLogprobs
-from braid.plan import Plan
+from braid.stream.plan import Plan
 
 _FLOOR = -9999.0  # vLLM clamps -inf (and anything below) so JSON stays finite
 

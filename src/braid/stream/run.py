@@ -34,7 +34,7 @@
   batch of 64 that is one abort message to vLLM's engine core, not 64 trickling in while the
   drivers unwind one by one.
 
-* With admission (:mod:`braid.admit`), the supervisor asks the request's ticket for each
+* With admission (:mod:`braid.stream.admit`), the supervisor asks the request's ticket for each
   prompt's slots in prompt order and starts the prompt's driver only once they are granted; the
   driver hands them back when its engine request has ended. A prompt still waiting for its slots
   when the run is cancelled never reaches the engine, and :meth:`CompletionRun.__aexit__` closes
@@ -49,7 +49,7 @@
   :meth:`CompletionRun._abort_cause`). Prompts that never reached the engine are counted as
   aborted for ``queue`` when the run ends (or is discarded unentered, :meth:`discard`).
 
-* A streaming run owns its stream's :class:`~braid.heartbeat.Heartbeat`: it starts the heartbeat's
+* A streaming run owns its stream's :class:`~braid.stream.heartbeat.Heartbeat`: it starts the heartbeat's
   clock in the outer nursery with a clone of the channel, and stops it when the drivers are done.
 * Leaving ``async with`` raises the run's own exception, not the nursery's group around it: the
   error the consumer raised (:meth:`receive_ready` raises the run's error), or the cancellation.
@@ -67,13 +67,13 @@ from contextlib import AbstractAsyncContextManager, contextmanager
 import attrs
 import trio
 
-from braid.admit import Ticket
 from braid.engine.base import Engine, EngineOutput
 from braid.errors import BraidError, DeadlineExceeded, DrainTimeout, StreamStalled
-from braid.heartbeat import Heartbeat, Tick
 from braid.metrics import AbortCause, Metrics, TokenTimer
-from braid.plan import Plan, PlanItem
 from braid.settings import Settings
+from braid.stream.admit import Ticket
+from braid.stream.heartbeat import Heartbeat, Tick
+from braid.stream.plan import Plan, PlanItem
 
 START_CHUNK = 64
 """Drivers started per scheduler round (see ``_supervise``)."""
@@ -352,8 +352,8 @@ class CompletionRun:
     async def receive_ready(self) -> list[Arrival | Tick]:
         """Wait for at least one output, then take every output that is ready (up to :data:`MAX_BATCH`).
 
-        A streaming run's batches may hold the heartbeat's :data:`~braid.heartbeat.TICK` (from
-        :meth:`take_ready` too), which :meth:`Heartbeat.wait <braid.heartbeat.Heartbeat.wait>`
+        A streaming run's batches may hold the heartbeat's :data:`~braid.stream.heartbeat.TICK` (from
+        :meth:`take_ready` too), which :meth:`Heartbeat.wait <braid.stream.heartbeat.Heartbeat.wait>`
         interprets.
 
         Raises :class:`trio.EndOfChannel` when every driver is done, and the run's error, if it has

@@ -3,7 +3,7 @@
 Chat conversations are rendered to their prompt texts here too (:func:`render_conversations`),
 by the same rule.
 
-Tokenizing runs before the plan (:mod:`braid.plan`), in the request's own task. Inline it blocks
+Tokenizing runs before the plan (:mod:`braid.stream.plan`), in the request's own task. Inline it blocks
 the Trio thread, and with it every other stream of the server: a batch of many long prompts takes
 long enough that every running stream visibly stalls (docs/performance.md, round 4). So:
 
@@ -24,10 +24,10 @@ from collections.abc import Mapping
 
 import trio
 
-from braid.chat import render
-from braid.chat_request import ChatRequest
 from braid.engine.base import Tokenizer
-from braid.request import CompletionRequest, TextPrompt
+from braid.wire.chat_request import ChatRequest
+from braid.wire.completions_request import CompletionRequest, TextPrompt
+from braid.wire.messages import render
 
 INLINE_CHARS = 16 * 1024
 """Above this much prompt text (characters, all prompts together) tokenizing leaves the Trio thread."""
@@ -45,7 +45,7 @@ async def encode_prompts(
     *,
     inline_chars: int = INLINE_CHARS,
 ) -> Mapping[int, tuple[int, ...]]:
-    """Token ids of every text prompt, by prompt index, for :func:`braid.plan.make_plan`."""
+    """Token ids of every text prompt, by prompt index, for :func:`braid.stream.plan.make_plan`."""
     texts = text_prompts(req)
     if not texts:
         return {}
@@ -68,7 +68,7 @@ async def render_conversations(
     *,
     inline_chars: int = INLINE_CHARS,
 ) -> tuple[str, ...]:
-    """Every conversation rendered by the chat template (:func:`braid.chat.render`), in order:
+    """Every conversation rendered by the chat template (:func:`braid.wire.messages.render`), in order:
     inline for little text, on the worker thread for a batch with much (the template is jinja,
     run in Python: as slow per character as tokenizing is fast). Cancellation as for
     :func:`encode_prompts`."""

@@ -3,9 +3,9 @@
 A chat request is a completions request whose prompts are rendered from messages. So the body is
 decoded by msgspec in strict mode into :class:`ChatBody`, the chat-only rules are checked here
 (messages, template flags, ``logprobs``/``top_logprobs``, tools), and its sampling fields are
-carried over into a :class:`~braid.request.CompletionBody` that the completions checks and
-:func:`~braid.request.build_request` take as they are: one set of sampling rules for both routes.
-The prompts are rendered later, by the view (:func:`braid.chat.render`), because the template
+carried over into a :class:`~braid.wire.completions_request.CompletionBody` that the completions checks and
+:func:`~braid.wire.completions_request.build_request` take as they are: one set of sampling rules for both routes.
+The prompts are rendered later, by the view (:func:`braid.wire.messages.render`), because the template
 belongs to the engine's tokenizer.
 
 vLLM's chat differences kept here: ``max_completion_tokens`` wins over ``max_tokens``, and with
@@ -23,9 +23,8 @@ from typing import Any
 import attrs
 import msgspec
 
-from braid.chat import Message, TemplateOptions, parse_messages
 from braid.errors import InvalidRequest, SchemaError
-from braid.request import (
+from braid.wire.completions_request import (
     INT64_MAX,
     INT64_MIN,
     CompletionBody,
@@ -35,7 +34,8 @@ from braid.request import (
     decode_body,
     structured_of,
 )
-from braid.structured import Structured
+from braid.wire.messages import Message, TemplateOptions, parse_messages
+from braid.wire.structured import Structured
 
 
 class ChatBody(SamplingBody):
@@ -71,10 +71,10 @@ class ChatRequest:
     conversations: tuple[tuple[Message, ...], ...]
     template: TemplateOptions
     body: CompletionBody
-    """The sampling fields as a completions body (``prompt`` unset): :func:`braid.request.build_request`
+    """The sampling fields as a completions body (``prompt`` unset): :func:`braid.wire.completions_request.build_request`
     turns it and the rendered prompts into the engine's request."""
     structured: Structured | None
-    """``response_format`` / ``structured_outputs`` (:mod:`braid.structured`)."""
+    """``response_format`` / ``structured_outputs`` (:mod:`braid.wire.structured`)."""
     logprobs: bool
     top_logprobs: int
     """Alternatives listed per token (-1: all the engine returned)."""

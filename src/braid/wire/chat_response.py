@@ -3,7 +3,7 @@
 Pure, and shaped as vLLM 0.32's chat server writes them (its pydantic models dumped with
 ``exclude_unset``): a role chunk per choice, content chunks with one choice each, a final usage
 chunk with ``choices: []``, and errors as a data event. The constant head of every chunk is
-encoded once per request, as in :mod:`braid.encode`.
+encoded once per request, as in :mod:`braid.wire.completions_response`.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 import attrs
 import msgspec
 
-from braid.encode import SseEncoder, Usage
 from braid.errors import BraidError
-from braid.plan import ResponseMeta
-from braid.render import ChoiceChunk
+from braid.stream.plan import ResponseMeta
+from braid.stream.render import ChoiceChunk
+from braid.wire.completions_response import SseEncoder, Usage
 
 _encode = msgspec.json.Encoder().encode
 

@@ -24,7 +24,7 @@ import msgspec
 
 from braid.engine.base import SamplingParams
 from braid.errors import InvalidRequest, SchemaError
-from braid.structured import (
+from braid.wire.structured import (
     GUIDED,
     GUIDED_SCHEMAS,
     RESPONSE_FORMAT_SCHEMA,
@@ -101,7 +101,7 @@ class StreamOptions(msgspec.Struct):
 
 class SamplingBody(msgspec.Struct):
     """The fields ``/v1/completions`` and the chat routes share, by name, type and default (the
-    base of :class:`CompletionBody` and :class:`braid.chat_request.ChatBody`). Unknown fields are
+    base of :class:`CompletionBody` and :class:`braid.wire.chat_request.ChatBody`). Unknown fields are
     ignored; a nullable field's ``null`` means absent, as in vLLM."""
 
     model: str | None = None
@@ -135,7 +135,7 @@ class SamplingBody(msgspec.Struct):
     request_id: str | None = None
     user: str | None = None
     priority: int = 0
-    # Structured output (braid.structured): decoded as Any, checked by structured_from.
+    # Structured output (braid.wire.structured): decoded as Any, checked by structured_from.
     structured_outputs: Annotated[Any, msgspec.Meta(extra_json_schema=STRUCTURED_OUTPUTS_SCHEMA)] = None
     response_format: Annotated[Any, msgspec.Meta(extra_json_schema=RESPONSE_FORMAT_SCHEMA)] = None
     guided_json: Annotated[Any, msgspec.Meta(extra_json_schema=GUIDED_SCHEMAS["guided_json"])] = None
@@ -520,7 +520,7 @@ def parse_request(body: bytes, limits: Limits) -> CompletionRequest:
 
 
 def structured_of(b: CompletionBody) -> Structured | None:
-    """The body's structured-output constraint (:mod:`braid.structured`), or a 400."""
+    """The body's structured-output constraint (:mod:`braid.wire.structured`), or a 400."""
     return structured_from(
         structured_outputs=b.structured_outputs,
         response_format=b.response_format,
@@ -532,7 +532,7 @@ def build_request(
     b: CompletionBody, prompts: tuple[Prompt, ...], limits: Limits, structured: Structured | None
 ) -> CompletionRequest:
     """The request for a body whose fields passed ``_check_fields``, with its prompts already
-    parsed (chat's are rendered from its messages: :mod:`braid.chat_request`) and its
+    parsed (chat's are rendered from its messages: :mod:`braid.wire.chat_request`) and its
     structured-output constraint (:func:`structured_of`)."""
     if len(prompts) * b.n > limits.max_choices:
         raise _bad(

@@ -12,8 +12,8 @@ import attrs
 import msgspec
 
 from braid.errors import BraidError
-from braid.plan import ResponseMeta
-from braid.render import ChoiceChunk, LogprobsFragment
+from braid.stream.plan import ResponseMeta
+from braid.stream.render import ChoiceChunk, LogprobsFragment
 
 DONE = b"data: [DONE]\n\n"
 HEARTBEAT = b": ping\n\n"

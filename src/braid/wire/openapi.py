@@ -5,10 +5,10 @@ The contract:
 * Every route of the app is in it, with every status it answers on purpose (an unexpected 500
   is a bug, declared nowhere but on ``POST /v1/completions``, where an engine failure is one).
 * A request body's schema is msgspec's JSON schema of the Struct its decoder decodes
-  (:class:`~braid.request.CompletionBody`, :class:`~braid.chat_request.ChatBody`, those of
-  :mod:`braid.tokenize_request`; ``/tokenize``'s is either of its two), so the two cannot differ. It gives the body's types; the values braid refuses (out of range, or in a
+  (:class:`~braid.wire.completions_request.CompletionBody`, :class:`~braid.wire.chat_request.ChatBody`, those of
+  :mod:`braid.wire.tokenize_request`; ``/tokenize``'s is either of its two), so the two cannot differ. It gives the body's types; the values braid refuses (out of range, or in a
   combination it cannot run) are 400s, with the field named in ``error.param``.
-* Response bodies are the Structs of :mod:`braid.responses`; a stream's events are described
+* Response bodies are the Structs of :mod:`braid.wire.shapes`; a stream's events are described
   one by one (OpenAPI 3.2's ``itemSchema``): a JSON chunk or error, then ``[DONE]``.
 * The bearer scheme is always described; when the app has API keys, every operation requires
   it and lists the 401, except the routes open without a key (``Settings.open_paths``).
@@ -25,11 +25,12 @@ from typing import Any
 import attrs
 import msgspec
 
-from braid import errors, responses
-from braid.chat_request import ChatBody
-from braid.request import CompletionBody
+from braid import errors
 from braid.settings import Settings
-from braid.tokenize_request import DetokenizeBody, TokenizeChatBody, TokenizePromptBody
+from braid.wire import shapes as responses
+from braid.wire.chat_request import ChatBody
+from braid.wire.completions_request import CompletionBody
+from braid.wire.tokenize_request import DetokenizeBody, TokenizeChatBody, TokenizePromptBody
 
 OPENAPI_VERSION = "3.2.0"
 """3.2 for ``itemSchema``, the schema of each event of a ``text/event-stream`` response."""

@@ -1,8 +1,8 @@
 """The response bodies braid sends, declared once as msgspec Structs.
 
-:mod:`braid.http.openapi` generates the response schemas of ``/openapi.json`` from these; the
+:mod:`braid.wire.openapi` generates the response schemas of ``/openapi.json`` from these; the
 models and version routes encode through them. The completion bodies, stream events and errors
-are written on the hot path by :mod:`braid.encode` (hand-built, vLLM's field order); these
+are written on the hot path by :mod:`braid.wire.completions_response` (hand-built, vLLM's field order); these
 Structs describe exactly those bytes, and the tests decode real responses through them with
 unknown fields forbidden, so a field added to one and not the other fails a test.
 

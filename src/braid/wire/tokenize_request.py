@@ -10,7 +10,7 @@ model (404), the request's own chat template, then the rest (400 ``BadRequestErr
 * a text: ``{model?, prompt, add_special_tokens=true, return_token_strs=false}``;
 * a chat: ``{model?, messages, add_generation_prompt=true, continue_final_message=false,
   add_special_tokens=false, chat_template?, chat_template_kwargs?, tools?, return_token_strs}``,
-  rendered by the model's chat template (:func:`braid.chat.render`) and then tokenized as text.
+  rendered by the model's chat template (:func:`braid.wire.messages.render`) and then tokenized as text.
 
 A body with ``messages`` is a chat; if it is not a valid one but is a valid text request, it is
 that (vLLM's union does the same). A body that is neither is a schema error located where the
@@ -31,9 +31,9 @@ from typing import Annotated, Any, Literal
 import attrs
 import msgspec
 
-from braid.chat import Message, TemplateOptions, parse_messages
 from braid.errors import InvalidRequest, ModelNotFound, SchemaError
-from braid.request import INT64_MAX, decode_body
+from braid.wire.completions_request import INT64_MAX, decode_body
+from braid.wire.messages import Message, TemplateOptions, parse_messages
 
 DETOKENIZE_CONTEXTS = 4
 """``/detokenize`` takes at most this many times ``max_model_len`` token ids (decoding is work

@@ -1,4 +1,4 @@
-"""braid.http.accept: the accept loop takes every waiting connection in one turn."""
+"""braid.http.patches.accept: the accept loop takes every waiting connection in one turn."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 import trio
 
 from braid.engine.scripted import ScriptedEngine
-from braid.http.accept import BatchAcceptListener, batched_accept
 from braid.http.app import create_app
-from braid.server import ServerConfig, serve
+from braid.http.patches.accept import BatchAcceptListener, batched_accept
+from braid.http.server import ServerConfig, serve
 from tests.helpers import listen_queue
 
 

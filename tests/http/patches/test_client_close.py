@@ -1,4 +1,4 @@
-"""braid.http.client_close: a connection the client ends is closed at once, not at the keep-alive timeout."""
+"""braid.http.patches.client_close: a connection the client ends is closed at once, not at the keep-alive timeout."""
 
 from __future__ import annotations
 

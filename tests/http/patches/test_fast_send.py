@@ -1,4 +1,4 @@
-"""braid.http.fast_send: the direct socket write keeps hypercorn's send contract.
+"""braid.http.patches.fast_send: the direct socket write keeps hypercorn's send contract.
 
 The server under test is a real FastSendTCPServer on one end of a trio socketpair, with a fake
 protocol that records what hypercorn's protocol would be told. Small kernel buffers force the
@@ -18,7 +18,7 @@ import trio.testing
 from hypercorn.events import Closed, RawData
 from hypercorn.trio.tcp_server import TCPServer
 
-from braid.http.fast_send import FastSendTCPServer, fast_send
+from braid.http.patches.fast_send import FastSendTCPServer, fast_send
 from tests.helpers import parse_sse, start_server
 
 BIG = bytes(range(256)) * 16384  # 4 MiB: far more than a small socket buffer takes at once

@@ -1,4 +1,4 @@
-"""DirectBodyH11Protocol (braid.http.h11_body) writes exactly the bytes hypercorn's H11Protocol writes."""
+"""DirectBodyH11Protocol (braid.http.patches.h11_body) writes exactly the bytes hypercorn's H11Protocol writes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypercorn.events import RawData
 from hypercorn.protocol.events import Body, EndBody, Response
 from hypercorn.protocol.h11 import H11Protocol
 
-from braid.http.h11_body import DirectBodyH11Protocol, direct_body
+from braid.http.patches.h11_body import DirectBodyH11Protocol, direct_body
 
 CHUNKED = [(b"content-type", b"text/event-stream")]
 SIZED = [(b"content-type", b"application/json"), (b"content-length", b"9")]

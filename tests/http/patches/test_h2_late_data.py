@@ -1,4 +1,4 @@
-"""braid.http.h2_late_data: over HTTP/2, a body still arriving after braid answered is dropped."""
+"""braid.http.patches.h2_late_data: over HTTP/2, a body still arriving after braid answered is dropped."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""braid.http.keep_alive: the keep-alive timer restarts and stops without waiting."""
+"""braid.http.patches.keep_alive: the keep-alive timer restarts and stops without waiting."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import attrs
 import trio
 import trio.testing
 
-from braid.http.keep_alive import KeepAliveTimer
+from braid.http.patches.keep_alive import KeepAliveTimer
 
 
 @attrs.define

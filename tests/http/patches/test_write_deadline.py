@@ -1,4 +1,4 @@
-"""braid.http.write_deadline: a client that takes nothing is reset, and a drain does not wait for it.
+"""braid.http.patches.write_deadline: a client that takes nothing is reset, and a drain does not wait for it.
 
 The live tests run braid on real hypercorn with a raw client socket whose receive buffer is tiny
 and which never reads a long stream, so the server's write waits on a full socket. The unit tests
@@ -18,8 +18,8 @@ import trio
 import trio.testing
 from hypercorn.events import Closed, RawData
 
-from braid.http.fast_send import FastSendTCPServer
-from braid.http.write_deadline import SLICE, WriteDeadlines, WriteDeadlineTCPServer
+from braid.http.patches.fast_send import FastSendTCPServer
+from braid.http.patches.write_deadline import SLICE, WriteDeadlines, WriteDeadlineTCPServer
 from tests.helpers import open_stalled_client, start_server
 
 # Bounds run against a real server on a machine that may be busy: the slack is far above what

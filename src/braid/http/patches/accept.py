@@ -86,7 +86,7 @@ def batched_accept(batch: int = ACCEPT_BATCH) -> Iterator[None]:
     """Within the block, hypercorn's trio worker accepts with :class:`BatchAcceptListener`,
     ``batch`` connections per turn at most.
 
-    Process-wide, like :func:`braid.http.fast_send.fast_send`, and restored on exit; a nested
+    Process-wide, like :func:`braid.http.patches.fast_send.fast_send`, and restored on exit; a nested
     block (a second server started meanwhile) shares the outer one's swap and batch. A batch of
     1 (or less) leaves trio's own listener, one connection per round.
     """

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from braid.http.isolate import IsolatedTCPServer
-from braid.http.keep_alive import KeepAliveTimer
+from braid.http.patches.isolate import IsolatedTCPServer
+from braid.http.patches.keep_alive import KeepAliveTimer
 
 
 class ClientCloseTCPServer(IsolatedTCPServer):

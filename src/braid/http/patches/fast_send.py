@@ -19,7 +19,7 @@ share of the front end's thread (docs/performance.md, round 2).
   path untouched, which waits for room or reports the closed connection as it always has.
 * TLS streams and anything that is not a plain ``trio.SocketStream`` always take the stock path.
 
-"Stock" here is :class:`~braid.http.write_deadline.WriteDeadlineTCPServer`'s path: hypercorn's,
+"Stock" here is :class:`~braid.http.patches.write_deadline.WriteDeadlineTCPServer`'s path: hypercorn's,
 with each slice of a write bounded by the server's write deadline when it has one. A server whose
 hypercorn ``Config`` has ``fast_send`` false (``braid serve --stock-send``) takes that path for
 every chunk.
@@ -39,8 +39,8 @@ import trio
 from hypercorn.events import Closed, Event, RawData
 from hypercorn.trio.tcp_server import TCPServer
 
-from braid.http.swap import swapped
-from braid.http.write_deadline import WriteDeadlineTCPServer
+from braid.http.patches.swap import swapped
+from braid.http.patches.write_deadline import WriteDeadlineTCPServer
 
 
 def _raw_socket(stream: object) -> socket.socket | None:
@@ -53,7 +53,7 @@ def _raw_socket(stream: object) -> socket.socket | None:
 class FastSendTCPServer(WriteDeadlineTCPServer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        enabled = getattr(self.config, "fast_send", True)  # braid.server's Config says; hypercorn's has none
+        enabled = getattr(self.config, "fast_send", True)  # braid.http.server's Config says; hypercorn's has none
         self._raw = _raw_socket(self.stream) if enabled else None  # a connection's stream never changes
 
     async def protocol_send(self, event: Event) -> None:
@@ -89,7 +89,7 @@ class FastSendTCPServer(WriteDeadlineTCPServer):
 
 def fast_send(enabled: bool = True) -> AbstractContextManager[None]:
     """Within the block, hypercorn's trio worker serves connections with :class:`FastSendTCPServer`
-    (process-wide, the stock class restored on exit; :func:`braid.http.swap.swapped`). With
+    (process-wide, the stock class restored on exit; :func:`braid.http.patches.swap.swapped`). With
     ``enabled=False`` it does nothing."""
     return swapped(hypercorn.trio.run, "TCPServer", TCPServer, FastSendTCPServer, enabled)
 

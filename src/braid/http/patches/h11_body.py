@@ -11,7 +11,7 @@ response is being sent chunked and nothing else can happen: our state is ``SEND_
 writer is h11's ``ChunkedWriter``. Anything else (a response with a Content-Length, an HTTP/1.0
 client, the headers, the end of the body, an error state) takes hypercorn's own path, so h11
 still sees every state change. :func:`direct_body` installs the class where hypercorn's protocol
-wrapper looks it up, for the duration of a ``with`` block, as :mod:`braid.http.h2_late_data`
+wrapper looks it up, for the duration of a ``with`` block, as :mod:`braid.http.patches.h2_late_data`
 does for HTTP/2.
 """
 
@@ -27,7 +27,7 @@ from hypercorn.protocol.events import Body
 from hypercorn.protocol.events import Event as StreamEvent
 from hypercorn.protocol.h11 import H11Protocol
 
-from braid.http.swap import swapped
+from braid.http.patches.swap import swapped
 
 
 class DirectBodyH11Protocol(H11Protocol):
@@ -45,7 +45,7 @@ class DirectBodyH11Protocol(H11Protocol):
 
 def direct_body(enabled: bool = True) -> AbstractContextManager[None]:
     """Within the block, hypercorn's HTTP/1.1 connections use :class:`DirectBodyH11Protocol`; the
-    stock class is put back after (:func:`braid.http.swap.swapped`). With ``enabled=False`` it
+    stock class is put back after (:func:`braid.http.patches.swap.swapped`). With ``enabled=False`` it
     does nothing (``braid serve --stock-send``: hypercorn's own send path)."""
     return swapped(hypercorn.protocol, "H11Protocol", H11Protocol, DirectBodyH11Protocol, enabled)
 

@@ -4,13 +4,13 @@ braid answers some requests before it reads their bodies: a 401 (no key), a 429 
 a 503 (draining), a 413 (a declared body over the limit). On HTTP/1.1 the connection then closes.
 On HTTP/2 hypercorn forgets a stream once its response has ended, and its ``H2Protocol`` looks
 up every ``DATA`` frame's stream with ``self.streams[stream_id]``: the client's body, still on
-its way, raised ``KeyError`` and took the connection (and, before :mod:`braid.http.isolate`, the
+its way, raised ``KeyError`` and took the connection (and, before :mod:`braid.http.patches.isolate`, the
 server) down. hypercorn already ignores a late end of stream the same way; this does it for data.
 
 :class:`LateDataH2Protocol` drops such frames before hypercorn sees them, after giving their bytes
 back to the connection's flow-control window (so the client's other streams are not starved).
 :func:`late_data_dropped` installs it where hypercorn's protocol wrapper looks it up, for the
-duration of a ``with`` block, as :func:`braid.http.fast_send.fast_send` does for its server.
+duration of a ``with`` block, as :func:`braid.http.patches.fast_send.fast_send` does for its server.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import h2.events
 import hypercorn.protocol
 from hypercorn.protocol.h2 import H2Protocol
 
-from braid.http.swap import swapped
+from braid.http.patches.swap import swapped
 
 
 class LateDataH2Protocol(H2Protocol):
@@ -38,7 +38,7 @@ class LateDataH2Protocol(H2Protocol):
 
 def late_data_dropped() -> AbstractContextManager[None]:
     """Within the block, hypercorn's HTTP/2 connections use :class:`LateDataH2Protocol`; the
-    stock class is put back after (:func:`braid.http.swap.swapped`)."""
+    stock class is put back after (:func:`braid.http.patches.swap.swapped`)."""
     return swapped(hypercorn.protocol, "H2Protocol", H2Protocol, LateDataH2Protocol)
 
 

@@ -4,7 +4,7 @@ hypercorn's trio worker runs each connection's ``TCPServer.run`` in the server's
 ``run`` lets anything but an ``OSError`` out. So one exception raised while a connection's bytes
 are handled (a protocol library's bug, a hypercorn bug, a client finding either) cancelled every
 other connection and ended ``hypercorn.trio.serve``: the whole replica went down for one bad
-client (tests/http/test_auth.py's HTTP/2 test found one, :mod:`braid.http.h2_late_data`).
+client (tests/http/test_auth.py's HTTP/2 test found one, :mod:`braid.http.patches.h2_late_data`).
 
 :class:`IsolatedTCPServer` catches what a connection raises, logs it with its traceback as a bug,
 and returns, so the connection's socket is closed (hypercorn's ``finally``) and the server goes

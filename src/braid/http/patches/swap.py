@@ -2,8 +2,8 @@
 
 hypercorn picks its TCP server and its protocol classes as module globals when a connection
 starts (``hypercorn.trio.run.TCPServer``, ``hypercorn.protocol.H11Protocol``/``H2Protocol``).
-braid's replacements (:mod:`braid.http.fast_send`, :mod:`braid.http.h11_body`,
-:mod:`braid.http.h2_late_data`) are installed with :func:`swapped`: process-wide, for the
+braid's replacements (:mod:`braid.http.patches.fast_send`, :mod:`braid.http.patches.h11_body`,
+:mod:`braid.http.patches.h2_late_data`) are installed with :func:`swapped`: process-wide, for the
 duration of a ``with`` block, the stock class put back on exit.
 """
 

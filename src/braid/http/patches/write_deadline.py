@@ -3,7 +3,7 @@
 hypercorn's trio worker writes every chunk of a response with a shielded ``send_all`` and no
 timeout, so that no cancellation cuts a chunk in half. A client that stays connected and reads
 nothing therefore holds that write, its response task and its connection for ever: braid's stall
-timeout frees the engine work of such a stream (:mod:`braid.run`), but not the socket, and a
+timeout frees the engine work of such a stream (:mod:`braid.stream.run`), but not the socket, and a
 server drain waits for that write past its graceful timeout, for ever.
 
 :class:`WriteDeadlineTCPServer` keeps the shield and bounds the write:
@@ -29,7 +29,7 @@ once, so nothing is written after it. Cancellation from outside (a client discon
 drain's own cancellation) still never cuts a write: the scope is shielded, as hypercorn's is.
 
 The options come from the hypercorn ``Config`` the server was started with, as
-:attr:`write_deadlines` (``braid.server.hypercorn_config`` sets it); a plain hypercorn ``Config``
+:attr:`write_deadlines` (``braid.http.server.hypercorn_config`` sets it); a plain hypercorn ``Config``
 has none, and then every write is hypercorn's own, unbounded.
 """
 
@@ -44,7 +44,7 @@ from typing import Any
 import trio
 from hypercorn.events import Closed, Event, RawData
 
-from braid.http.client_close import ClientCloseTCPServer
+from braid.http.patches.client_close import ClientCloseTCPServer
 
 log = logging.getLogger("braid")
 
