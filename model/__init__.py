@@ -4,12 +4,20 @@ An executable specification, independent of the server: nothing here imports bra
 plain trace data (dicts, lists, tuples) recorded by a harness around the real server code.
 """
 
-from model.stream import (
-    INVARIANTS,
+from model.machine import (
+    CHOICE_TRANSITIONS,
+    TRANSITIONS,
+    ChoiceEvent,
     ChoiceState,
-    Invariant,
+    Event,
+    IllegalEvent,
     RequestMachine,
     RequestState,
+)
+from model.stream import (
+    INVARIANTS,
+    PREFIX_SAFE,
+    Invariant,
     Violation,
     chat_parts,
     check_server,
@@ -21,8 +29,14 @@ from model.stream import (
 )
 
 __all__ = [
+    "CHOICE_TRANSITIONS",
     "INVARIANTS",
+    "PREFIX_SAFE",
+    "TRANSITIONS",
+    "ChoiceEvent",
     "ChoiceState",
+    "Event",
+    "IllegalEvent",
     "Invariant",
     "RequestMachine",
     "RequestState",

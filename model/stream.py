@@ -1,9 +1,11 @@
-"""The stream model: states, events, outputs and the numbered invariants of one completions or chat request.
+"""The stream model: the trace, its outputs and the numbered invariants of one completions or chat request.
 
 This module is a specification, not an implementation: it never talks to the server. A harness
 records what happened around the *real* server code as a **trace** of plain data, and
-:func:`check_trace` says which invariants the trace breaks. docs/stream-model.md is the prose
-version; each invariant there links to the predicate here.
+:func:`check_trace` says which invariants the trace breaks. The request's state machine (its
+states, events and transition tables) is :mod:`model.machine`; invariant 0 replays a trace
+through it. docs/stream-model.md is the prose version; each invariant there links to the
+predicate here.
 
 Trace format (everything is plain JSON-like data)::
 
@@ -55,38 +57,20 @@ of all requests of one run together, merged by ``seq`` (:func:`check_server`).
 
 from __future__ import annotations
 
-import enum
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from model.machine import ERROR_STATUS, RequestMachine
 
 Trace = dict[str, Any]
 Record = dict[str, Any]
 
 EPS = 1e-9
 
-#: The status of each failure the server reports (the "first failure wins").
-ERROR_STATUS = {"EngineError": 500, "EngineRejected": 400, "StreamStalled": 408}
-
-
 # --------------------------------------------------------------------------------------------
-# States, events, outputs
-
-
-class RequestState(enum.Enum):
-    VALIDATING = "validating"  # the body is being validated; nothing is committed
-    REJECTED = "rejected"  # validation failed: one JSON 4xx, no engine work (terminal)
-    STREAMING = "streaming"  # engine requests run; deltas become output
-    DRAINING = "draining"  # an error, disconnect, stall or drain happened: aborting the batch
-    DONE = "done"  # every engine request closed and the output ended (terminal)
-
-
-class ChoiceState(enum.Enum):
-    PENDING = "pending"  # no delta yet
-    GENERATING = "generating"  # some deltas, no finish_reason
-    FINISHED = "finished"  # the delta with the finish_reason arrived
-    ABORTED = "aborted"  # the request ended before it finished
+# Outputs
 
 
 def parse_sse(raw: bytes) -> list[dict[str, Any]]:
@@ -302,10 +286,18 @@ def _first_done_seq(trace: Trace) -> int | None:
 
 @dataclass(frozen=True)
 class Invariant:
+    """One numbered invariant: :attr:`check` yields a message per violation of :attr:`text`.
+
+    :attr:`prefix_safe`: a trace cut at an arbitrary instant (a request still running) already
+    satisfies it whenever the whole run will; the stateful test checks these after every step
+    (:data:`PREFIX_SAFE`). The others judge a request that has ended.
+    """
+
     number: int
     name: str
     text: str
     check: Callable[[Trace], Iterable[str]]
+    prefix_safe: bool
 
 
 @dataclass(frozen=True)
@@ -321,9 +313,11 @@ class Violation:
 INVARIANTS: list[Invariant] = []
 
 
-def invariant(number: int, text: str) -> Callable[[Callable[[Trace], Iterable[str]]], Callable[[Trace], Iterable[str]]]:
+def invariant(
+    number: int, text: str, *, prefix_safe: bool
+) -> Callable[[Callable[[Trace], Iterable[str]]], Callable[[Trace], Iterable[str]]]:
     def register(fn: Callable[[Trace], Iterable[str]]) -> Callable[[Trace], Iterable[str]]:
-        INVARIANTS.append(Invariant(number, fn.__name__, text, fn))
+        INVARIANTS.append(Invariant(number, fn.__name__, text, fn, prefix_safe))
         return fn
 
     return register
@@ -333,6 +327,7 @@ def invariant(number: int, text: str) -> Callable[[Callable[[Trace], Iterable[st
     1,
     "Every write is well-formed SSE and every completion or chat chunk carries exactly one choice "
     "(a text for completions, a delta for chat).",
+    prefix_safe=True,
 )
 def framing(trace: Trace) -> Iterable[str]:
     chat = _is_chat(trace)
@@ -355,7 +350,7 @@ def framing(trace: Trace) -> Iterable[str]:
         yield "a non-streaming request wrote SSE events"
 
 
-@invariant(2, "Every emitted choice index is prompt_idx*n + k for an existing choice (0 <= k < n).")
+@invariant(2, "Every emitted choice index is prompt_idx*n + k for an existing choice (0 <= k < n).", prefix_safe=True)
 def choice_index(trace: Trace) -> Iterable[str]:
     total = _num_choices(trace)
     for j in _all_choice_chunks(trace):
@@ -372,6 +367,7 @@ def choice_index(trace: Trace) -> Iterable[str]:
     3,
     "Each choice's chunks (chat: its content chunks) are its engine deltas in engine order (so "
     "its text is their concatenation, after the echoed prompt), each emitted no earlier than its delta.",
+    prefix_safe=True,
 )
 def choice_sequence(trace: Trace) -> Iterable[str]:
     want = expected_chunks(trace)
@@ -392,6 +388,7 @@ def choice_sequence(trace: Trace) -> Iterable[str]:
     4,
     "Exactly one non-null finish_reason per finished choice, on its last chunk, equal to "
     "the engine's; on a normal end without error every choice has finished.",
+    prefix_safe=True,
 )
 def one_finish_reason(trace: Trace) -> Iterable[str]:
     want = expected_chunks(trace)
@@ -418,6 +415,7 @@ def one_finish_reason(trace: Trace) -> Iterable[str]:
     5,
     "At most one usage chunk; only with include_usage; only after every choice finished and "
     "right before [DONE]; never after an error.",
+    prefix_safe=True,
 )
 def usage_placement(trace: Trace) -> Iterable[str]:
     req = trace["request"]
@@ -457,6 +455,7 @@ def usage_placement(trace: Trace) -> Iterable[str]:
     "completion tokens as the engine counted them, summed over choices, total = prompt + completion; "
     "continuous usage per chunk is the chunk's prompt and the choice's tokens so far (a chat role or "
     "echo chunk: its conversation's prompt and 0).",
+    prefix_safe=True,
 )
 def usage_totals(trace: Trace) -> Iterable[str]:
     req = trace["request"]
@@ -505,7 +504,11 @@ def usage_totals(trace: Trace) -> Iterable[str]:
             yield from check(r["body"].get("usage", {}), prompt_total, completion_total, "JSON response")
 
 
-@invariant(7, "Exactly one [DONE], as the last event, on a normal end and after an error event; nothing after it.")
+@invariant(
+    7,
+    "Exactly one [DONE], as the last event, on a normal end and after an error event; nothing after it.",
+    prefix_safe=True,
+)
 def done_terminal(trace: Trace) -> Iterable[str]:
     evs = _events(trace)
     dones = [i for i, (_, ev) in enumerate(evs) if ev["type"] == "done"]
@@ -525,6 +528,7 @@ def done_terminal(trace: Trace) -> Iterable[str]:
     "A stream that ends normally has an error event if and only if an engine request failed "
     "or the reader stalled: exactly one, with the first failure's status, after which only "
     "[DONE] follows.",
+    prefix_safe=True,
 )
 def error_event(trace: Trace) -> Iterable[str]:
     if not trace["request"]["stream"]:
@@ -546,7 +550,11 @@ def error_event(trace: Trace) -> Iterable[str]:
             yield "events other than [DONE] after the error event"
 
 
-@invariant(9, "Nothing at all is written after a client disconnect or a drain cancellation (the connection is closed).")
+@invariant(
+    9,
+    "Nothing at all is written after a client disconnect or a drain cancellation (the connection is closed).",
+    prefix_safe=True,
+)
 def silent_after_close(trace: Trace) -> Iterable[str]:
     closes = _records(trace, "disconnect", "drain")
     if not closes:
@@ -563,6 +571,7 @@ def silent_after_close(trace: Trace) -> Iterable[str]:
     "aborted twice, none left running; after an error, disconnect, stall or drain every "
     "engine request still open is closed within abort_bound; without any of these none is "
     "aborted.",
+    prefix_safe=False,
 )
 def engine_cleanup(trace: Trace) -> Iterable[str]:
     opens = {r["prompt"]: r for r in _records(trace, "engine_open")}
@@ -609,6 +618,7 @@ def engine_cleanup(trace: Trace) -> Iterable[str]:
     "(none after a disconnect or drain): 200 with every choice complete if no engine request "
     "failed (chat: a message with the reply's role, the echo and the text), else the first "
     "failure's error and no choices.",
+    prefix_safe=False,
 )
 def all_or_nothing(trace: Trace) -> Iterable[str]:
     req = trace["request"]
@@ -666,6 +676,7 @@ def all_or_nothing(trace: Trace) -> Iterable[str]:
     12,
     "Heartbeat: pings only while the stream is open (before [DONE]); a ping only after the "
     "body was idle for heartbeat seconds; no write waited longer than heartbeat.",
+    prefix_safe=True,
 )
 def heartbeat(trace: Trace) -> Iterable[str]:
     hb = trace["limits"]["heartbeat"]
@@ -687,6 +698,7 @@ def heartbeat(trace: Trace) -> Iterable[str]:
     "run on from 0 across its chunks, each the previous offset plus the previous token's length; "
     "chat: a content chunk has {content: [one entry per token]}, at most top_logprobs alternatives "
     "each, role and echo chunks none; when not requested logprobs is null.",
+    prefix_safe=True,
 )
 def logprobs_shape(trace: Trace) -> Iterable[str]:
     if _is_chat(trace):
@@ -758,7 +770,7 @@ def _chat_logprobs_shape(trace: Trace) -> Iterable[str]:
                     break
 
 
-@invariant(14, "An invalid request is rejected: one 4xx JSON error, no engine request, no stream.")
+@invariant(14, "An invalid request is rejected: one 4xx JSON error, no engine request, no stream.", prefix_safe=True)
 def rejected(trace: Trace) -> Iterable[str]:
     if trace["request"]["valid"]:
         return
@@ -775,6 +787,7 @@ def rejected(trace: Trace) -> Iterable[str]:
     15,
     "Liveness: every request ends (normally, by disconnect or by drain), never by a crash or "
     "by the harness's watchdog.",
+    prefix_safe=False,
 )
 def liveness(trace: Trace) -> Iterable[str]:
     end = _end(trace)
@@ -789,6 +802,7 @@ def liveness(trace: Trace) -> Iterable[str]:
     "Admission: a prompt's engine request opens only after its slots were granted; the request "
     "never holds more than max_in_flight slots; by its end it holds none and waits for none (a "
     "request cancelled while prompts wait for slots opens none of them).",
+    prefix_safe=True,
 )
 def admission(trace: Trace) -> Iterable[str]:
     cap = trace["limits"].get("max_in_flight", 0)
@@ -837,6 +851,7 @@ def _valid_index(trace: Trace, j: object) -> bool:
     "Chat: a choice has at most one role chunk, its first chunk (before its echo and content), "
     "with delta {role: the reply's role, content: ''} and no finish_reason; role chunks come in "
     "choice order; a stream that ends normally without an error has one for every choice.",
+    prefix_safe=True,
 )
 def chat_role(trace: Trace) -> Iterable[str]:
     if not _is_chat(trace):
@@ -876,6 +891,7 @@ def chat_role(trace: Trace) -> Iterable[str]:
     "of its choices has one echo chunk carrying exactly that text, right after its role chunk and "
     "before any content, with no finish_reason (on a normal end without an error, every such "
     "choice); otherwise there is no echo chunk (I3).",
+    prefix_safe=True,
 )
 def chat_echo(trace: Trace) -> Iterable[str]:
     if not _is_chat(trace):
@@ -947,110 +963,11 @@ def check_server(traces: list[Trace], max_in_flight: int) -> list[Violation]:
 
 
 # --------------------------------------------------------------------------------------------
-# The state machine, replayed over a trace
-
-
-@dataclass
-class RequestMachine:
-    """Replays a trace through the model's transitions; :attr:`errors` lists the illegal steps.
-
-    ::
-
-        VALIDATING --invalid body--> REJECTED (JSON 4xx)
-        VALIDATING --engine_open--> STREAMING
-        STREAMING  --delta/finish--> STREAMING          choice PENDING->GENERATING->FINISHED
-        STREAMING  --error|stall--> DRAINING            (error event + [DONE], or a JSON error);
-                                                        an error is the engine's report (engine_failure)
-        STREAMING  --disconnect|drain--> DRAINING       (connection closed: no more output)
-        STREAMING  --[DONE] / JSON, handler returns--> DONE
-        DRAINING   --handler returns, no engine request open--> DONE   unfinished choices -> ABORTED
-
-    An engine request may still be opened while DRAINING (a driver task that had not yet reached
-    its first checkpoint); invariant 10 bounds how long it may live.
-    """
-
-    n: int
-    prompts: int
-    state: RequestState = RequestState.VALIDATING
-    choices: list[ChoiceState] = field(default_factory=list)
-    open_engine: set[int] = field(default_factory=set)
-    failed: set[int] = field(default_factory=set)  # prompts whose failure the engine reported
-    output_ended: bool = False
-    errors: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.choices = [ChoiceState.PENDING] * (self.n * self.prompts)
-
-    def _go(self, seq: int, state: RequestState) -> None:
-        self.state = state
-
-    def _settle(self, seq: int) -> None:
-        """The handler returned (``end``): the request is done; choices not finished were aborted."""
-        if self.open_engine:
-            self.errors.append(f"seq {seq}: the request ended with engine requests {sorted(self.open_engine)} open")
-        self.choices = [ChoiceState.ABORTED if c is not ChoiceState.FINISHED else c for c in self.choices]
-        if self.state is not RequestState.REJECTED:
-            self._go(seq, RequestState.DONE)
-
-    def apply(self, r: Record) -> None:
-        kind, seq = r["kind"], r["seq"]
-        if self.state in (RequestState.DONE, RequestState.REJECTED) and kind != "end":
-            self.errors.append(f"seq {seq}: {kind} in state {self.state.value}")
-            return
-        if self.output_ended and kind in ("sse", "json"):
-            self.errors.append(f"seq {seq}: {kind} after the output ended")
-        if kind == "json" and self.state is RequestState.VALIDATING:
-            self._go(seq, RequestState.REJECTED)
-            self.output_ended = True
-            return
-        if kind == "engine_open":
-            if self.state is RequestState.VALIDATING:
-                self._go(seq, RequestState.STREAMING)
-            self.open_engine.add(r["prompt"])
-        elif kind == "engine_failure":
-            if r["prompt"] not in self.open_engine:
-                self.errors.append(f"seq {seq}: failure of prompt {r['prompt']} whose engine request is not open")
-            self.failed.add(r["prompt"])
-            if self.state is RequestState.STREAMING:
-                self._go(seq, RequestState.DRAINING)
-        elif kind == "engine_output":
-            if r["prompt"] not in self.open_engine:
-                self.errors.append(f"seq {seq}: output of prompt {r['prompt']} whose engine request is not open")
-            if r["prompt"] in self.failed:
-                self.errors.append(f"seq {seq}: output of prompt {r['prompt']} after the engine reported its failure")
-            for k, _text, _ntok, finish in r["deltas"]:
-                j = r["prompt"] * self.n + k
-                if not 0 <= j < len(self.choices) or not 0 <= k < self.n:
-                    self.errors.append(f"seq {seq}: delta for a choice k={k} that does not exist")
-                    continue
-                if self.choices[j] is ChoiceState.FINISHED:
-                    self.errors.append(f"seq {seq}: engine delta for finished choice {j}")
-                self.choices[j] = ChoiceState.FINISHED if finish is not None else ChoiceState.GENERATING
-        elif kind == "engine_close":
-            self.open_engine.discard(r["prompt"])
-            if r["error"] in ERROR_STATUS and self.state is RequestState.STREAMING:
-                self._go(seq, RequestState.DRAINING)
-        elif kind in ("disconnect", "drain"):
-            if self.state in (RequestState.STREAMING, RequestState.VALIDATING):
-                self._go(seq, RequestState.DRAINING)
-            self.output_ended = True
-        elif kind == "sse" and r["event"]["type"] == "done":
-            self.output_ended = True
-        elif kind == "json":
-            self.output_ended = True
-        elif kind == "end":
-            self.output_ended = True
-            self._settle(seq)
-
-    def finish(self) -> None:
-        if self.state not in (RequestState.DONE, RequestState.REJECTED):
-            self.errors.append(
-                f"the request ended in state {self.state.value} "
-                f"(engine requests still open: {sorted(self.open_engine)})"
-            )
+# The state machine (model/machine.py), replayed over a trace
 
 
 def replay(trace: Trace) -> RequestMachine:
+    """The machine after every record of ``trace`` (its :attr:`~RequestMachine.errors`: the illegal steps)."""
     m = RequestMachine(trace["request"]["n"], _num_prompts(trace))
     for r in trace["records"]:
         m.apply(r)
@@ -1062,12 +979,19 @@ def replay(trace: Trace) -> RequestMachine:
     0,
     "The trace is a run of the state machine: no output in a terminal state, no delta for a "
     "finished or unknown choice, and every request reaches done or rejected.",
+    prefix_safe=False,
 )
 def transitions(trace: Trace) -> Iterable[str]:
     yield from replay(trace).errors
 
 
 INVARIANTS.sort(key=lambda i: i.number)
+
+#: The names of the invariants a trace cut at an arbitrary instant must already satisfy.
+PREFIX_SAFE = frozenset(i.name for i in INVARIANTS if i.prefix_safe)
+
+if len({i.name for i in INVARIANTS}) != len(INVARIANTS) or len({i.number for i in INVARIANTS}) != len(INVARIANTS):
+    raise RuntimeError("two invariants share a name or a number")  # a Violation would not say which one broke
 
 
 def check_trace(trace: Trace) -> list[Violation]:

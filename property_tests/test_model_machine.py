@@ -46,7 +46,10 @@ def test_every_choice_state_takes_the_end() -> None:
     assert all(ChoiceEvent.END in row for row in CHOICE_TRANSITIONS.values())
 
 
-@pytest.mark.parametrize("state", sorted(FINAL_STATES, key=lambda s: s.value))
+FINAL_IN_ORDER = sorted(FINAL_STATES, key=lambda s: s.value)  # a stable order of test ids
+
+
+@pytest.mark.parametrize("state", FINAL_IN_ORDER)
 def test_an_event_a_state_lacks_is_illegal(state: RequestState) -> None:
     with pytest.raises(IllegalEvent, match=f"^sse in state {state.value}$"):
         next_state(TRANSITIONS, state, Event.SSE)
