@@ -17,6 +17,9 @@ which takes ``graceful_timeout`` seconds at most, whatever the clients do:
    client that reads nothing does not hold the drain up.
 
 Then :func:`serve` returns, and ``braid serve`` shuts the engine down and exits 0.
+
+hypercorn runs with braid's patches of it (and of trio, h11, h2, quart-trio) installed, those
+:attr:`ServerConfig.patch_options` has on: :mod:`braid.http.patches`.
 """
 
 from __future__ import annotations
@@ -32,10 +35,8 @@ import trio
 from braid.errors import DrainTimeout
 from braid.http.app import BraidApp
 from braid.http.limits import configure_hypercorn
-from braid.http.patches.accept import ACCEPT_BATCH, batched_accept
-from braid.http.patches.fast_send import fast_send
-from braid.http.patches.h2_late_data import late_data_dropped
-from braid.http.patches.h11_body import direct_body
+from braid.http.patches import PatchOptions, PatchSettings, installed
+from braid.http.patches.accept import ACCEPT_BATCH
 from braid.http.patches.write_deadline import WriteDeadlines
 from braid.routes.common import DRAINING_RETRY_AFTER
 from braid.settings import Settings
@@ -56,6 +57,7 @@ class ServerConfig:
     # connections first and never reuses one that hypercorn is closing.
     keep_alive_timeout: float = 75.0
     # Write each response chunk straight to the socket when it has room (braid.http.patches.fast_send).
+    # False is `braid serve --stock-send`: that patch off, whatever `patches` says, and no other.
     fast_send: bool = True
     # A connection whose client takes less than 16 KiB of a response in this long is reset
     # (braid.http.patches.write_deadline). The stall timeout's default, so that with the defaults a
@@ -69,13 +71,19 @@ class ServerConfig:
     # Connections one turn of the accept loop takes (braid.http.patches.accept); 1 is trio's own loop,
     # one connection per scheduler round.
     accept_batch: int = attrs.field(default=ACCEPT_BATCH, validator=attrs.validators.gt(0))
+    # Which of braid's patches of hypercorn, trio, h11, h2 and quart-trio are on (braid.http.patches).
+    patches: PatchOptions = PatchOptions()
+
+    @property
+    def patch_options(self) -> PatchOptions:
+        """The patches this server installs: ``patches``, less fast send when ``fast_send`` is off."""
+        return self.patches if self.fast_send else self.patches.without("fast_send")
 
 
 class _HypercornConfig(hypercorn.config.Config):
     """hypercorn's Config, with the per-connection options braid's TCP server reads."""
 
     write_deadlines: WriteDeadlines | None = None
-    fast_send: bool = True
 
 
 def hypercorn_config(cfg: ServerConfig) -> _HypercornConfig:
@@ -90,7 +98,6 @@ def hypercorn_config(cfg: ServerConfig) -> _HypercornConfig:
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
     config.write_deadlines = WriteDeadlines(cfg.write_timeout)
-    config.fast_send = cfg.fast_send
     return config
 
 
@@ -151,9 +158,7 @@ async def serve(
         deadlines.cut_off(trio.current_time() + cfg.graceful_timeout)
 
     configure_hypercorn(config, app.state.settings)  # hypercorn reads the headers, by the app's limits
-    # Always braid's TCP server: its write deadline holds with --stock-send too, which only
-    # turns the direct write off (the Config's fast_send), and h11's framing of body chunks back on.
-    with fast_send(), batched_accept(cfg.accept_batch), late_data_dropped(), direct_body(cfg.fast_send):
+    with installed(cfg.patch_options, PatchSettings(accept_batch=cfg.accept_batch)):
         async with trio.open_nursery() as drain:
             await hypercorn.trio.serve(app, config, shutdown_trigger=trigger, task_status=task_status)
             drain.cancel_scope.cancel()  # every connection is closed: nothing is left to end

@@ -13,7 +13,8 @@ import trio
 
 from braid.engine.scripted import ScriptedEngine
 from braid.http.app import create_app
-from braid.http.patches.accept import BatchAcceptListener, batched_accept
+from braid.http.patches import PatchOptions, PatchSettings, installed
+from braid.http.patches.accept import BatchAcceptListener
 from braid.http.server import ServerConfig, serve
 from tests.helpers import listen_queue
 
@@ -72,20 +73,18 @@ async def test_a_batch_ends_with_trios_accept_even_when_more_wait() -> None:
     await listener.aclose()
 
 
-def test_batched_accept_swaps_hypercorns_view_of_trio_and_restores_it() -> None:
+async def test_the_patch_gives_hypercorn_a_view_of_trio_and_restores_it() -> None:
     assert hypercorn.trio.run.trio is trio
-    with batched_accept(16):
+    with installed(PatchOptions.only("accept"), PatchSettings(accept_batch=16)):
         view = hypercorn.trio.run.trio
         assert view is not trio and view.open_nursery is trio.open_nursery
-        with batched_accept(4):  # a second server inside shares the swap
-            assert hypercorn.trio.run.trio is view
-        assert hypercorn.trio.run.trio is view
+        sock, _ = await listener_on_port()
+        listener = view.SocketListener(sock)
+        assert isinstance(listener, BatchAcceptListener) and listener._batch == 16
+        await listener.aclose()
     assert hypercorn.trio.run.trio is trio
-    with batched_accept(1):
+    with installed(PatchOptions.only("accept"), PatchSettings(accept_batch=1)):
         assert hypercorn.trio.run.trio is trio  # trio's own loop
-    with pytest.raises(RuntimeError), batched_accept():
-        raise RuntimeError
-    assert hypercorn.trio.run.trio is trio
 
 
 @pytest.mark.parametrize("batch", [64, 1])

@@ -50,7 +50,9 @@ async def test_a_closed_connection_leaves_no_task_behind(nursery: trio.Nursery) 
         def count(task: trio.lowlevel.Task) -> int:
             return 1 + sum(count(t) for n in task.child_nurseries for t in n.child_tasks)
 
-        return count(trio.lowlevel.current_root_task())
+        root = trio.lowlevel.current_root_task()
+        assert root is not None  # inside a run
+        return count(root)
 
     await trio.testing.wait_all_tasks_blocked()  # the accept loop and the drain trigger run
     idle = tasks()
@@ -61,7 +63,10 @@ async def test_a_closed_connection_leaves_no_task_behind(nursery: trio.Nursery) 
         while b"\r\n\r\n" not in got or not got.endswith(b"}"):
             got += await stream.receive_some()
         await stream.aclose()
-    with trio.fail_after(5):  # 75 s (the keep-alive timeout) without the fix
-        while tasks() > idle:
-            await trio.sleep(0.01)
+    # Each close reaches the server on loopback, and its connection task ends, on no clock: done
+    # once every task has been blocked for a moment (the keep-alive timeout, 75 s, is what the
+    # tasks would wait for without the fix).
+    with trio.fail_after(5):
+        await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+    assert tasks() == idle
     srv.shutdown.set()

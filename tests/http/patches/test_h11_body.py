@@ -13,7 +13,8 @@ from hypercorn.events import RawData
 from hypercorn.protocol.events import Body, EndBody, Response
 from hypercorn.protocol.h11 import H11Protocol
 
-from braid.http.patches.h11_body import DirectBodyH11Protocol, direct_body
+from braid.http.patches import PatchOptions, installed
+from braid.http.patches.h11_body import DirectBodyH11Protocol
 
 CHUNKED = [(b"content-type", b"text/event-stream")]
 SIZED = [(b"content-type", b"application/json"), (b"content-length", b"9")]
@@ -83,12 +84,9 @@ def test_a_chunk_is_framed_by_braid_only_while_the_response_is_chunked() -> None
         H11Protocol.stream_send = original  # type: ignore[method-assign]
 
 
-def test_direct_body_installs_and_restores() -> None:
-    with direct_body():
-        assert hypercorn.protocol.H11Protocol is DirectBodyH11Protocol
-        with direct_body():  # nested: left in place
-            pass
+def test_the_patch_installs_and_restores() -> None:
+    with installed(PatchOptions.only("h11_body")):
         assert hypercorn.protocol.H11Protocol is DirectBodyH11Protocol
     assert hypercorn.protocol.H11Protocol is H11Protocol
-    with direct_body(enabled=False):
+    with installed(PatchOptions().without("h11_body")):
         assert hypercorn.protocol.H11Protocol is H11Protocol

@@ -24,7 +24,7 @@ class _Faulty(H2Protocol):
 async def test_a_faulty_connection_does_not_end_the_server(
     nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # braid.http.patches.h2_late_data leaves a protocol class it did not install alone
+    # the installer stacks braid.http.patches.h2_late_data on whatever class is there: this one
     monkeypatch.setattr(hypercorn.protocol, "H2Protocol", _Faulty)
     srv = await start_server(nursery)
     async with httpx.AsyncClient(base_url=srv.url, http1=False, http2=True, timeout=10) as h2_client:

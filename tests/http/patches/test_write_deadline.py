@@ -9,16 +9,20 @@ does for the fast path.
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import struct
 
 import hypercorn.config
+import hypercorn.trio.run
 import pytest
 import trio
 import trio.testing
 from hypercorn.events import Closed, RawData
 
+from braid.http.patches import PatchOptions, installed
 from braid.http.patches.fast_send import FastSendTCPServer
+from braid.http.patches.locked_send import LockedSendTCPServer
 from braid.http.patches.write_deadline import SLICE, WriteDeadlines, WriteDeadlineTCPServer
 from tests.helpers import open_stalled_client, start_server
 
@@ -39,13 +43,38 @@ def tcp_state(stream: trio.SocketStream) -> int:
     return struct.unpack("B", info[:1])[0]
 
 
+class ResetLogged(logging.Handler):
+    """Sets ``event`` at the server's log line for a reset: write_deadline logs it on the Trio
+    thread just before it resets and closes the socket, in the same step."""
+
+    def __init__(self, event: trio.Event) -> None:
+        super().__init__(logging.INFO)
+        self.event = event
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("reset a connection"):
+            self.event.set()
+
+
 async def wait_reset(stream: trio.SocketStream, within: float) -> float:
-    """Seconds until the server has reset the connection (fails after ``within``)."""
+    """Seconds until the server has reset the connection (fails after ``within``): woken by the
+    server's report of the reset, then checked on the client's own socket."""
     start = trio.current_time()
-    with trio.fail_after(within):
-        while tcp_state(stream) == TCP_ESTABLISHED:
-            await trio.sleep(0.01)
-    return trio.current_time() - start
+    logger = logging.getLogger("braid")
+    reset = trio.Event()
+    handler, level = ResetLogged(reset), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        with trio.fail_after(within):
+            if tcp_state(stream) == TCP_ESTABLISHED:  # else reset already, at once
+                await reset.wait()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    took = trio.current_time() - start
+    assert tcp_state(stream) != TCP_ESTABLISHED, "the server logged a reset the client did not get"
+    return took
 
 
 async def test_a_client_that_reads_nothing_is_reset_at_the_stall_timeout(nursery: trio.Nursery) -> None:
@@ -89,8 +118,7 @@ async def test_a_drain_cuts_off_a_write_that_waits(nursery: trio.Nursery) -> Non
     client = await open_stalled_client(srv.url, LONG_STREAM)
     try:
         with trio.fail_after(SLACK):  # the server's write is waiting once the drivers are
-            while srv.engine.in_flight < 4:
-                await trio.sleep(0.01)
+            await srv.engine.wait_until(lambda: srv.engine.in_flight >= 4)
         await trio.sleep(0.3)
         srv.shutdown.set()
         start = trio.current_time()
@@ -161,10 +189,20 @@ async def small_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
 BIG = bytes(range(256)) * 16384  # 4 MiB: far more than the pair's buffers hold
 
 
-@pytest.mark.parametrize("cls", [WriteDeadlineTCPServer, FastSendTCPServer])
-async def test_a_write_nobody_takes_resets_the_connection(cls: type) -> None:
+def with_fast_send() -> type:
+    """The TCP server class the installer makes of both patches: fast send on the write deadline."""
+    with installed(PatchOptions.only("write_deadline", "fast_send")):
+        cls = hypercorn.trio.run.TCPServer
+    assert cls.__mro__[:4] == (cls, FastSendTCPServer, WriteDeadlineTCPServer, LockedSendTCPServer)
+    return cls
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["write-deadline", "with-fast-send"])
+async def test_a_write_nobody_takes_resets_the_connection(fast: bool) -> None:
+    """With fast send stacked on it too: the kernel takes part of the chunk at once, and the
+    rest goes through the bounded write."""
     server_end, client_end = await small_pair()
-    srv, protocol = make_server(server_end, WriteDeadlines(0.2), cls)
+    srv, protocol = make_server(server_end, WriteDeadlines(0.2), with_fast_send() if fast else WriteDeadlineTCPServer)
     start = trio.current_time()
     await srv.protocol_send(RawData(BIG))  # returns: the deadline passed
     assert 0.18 <= trio.current_time() - start < 0.2 + SLACK

@@ -15,25 +15,22 @@ the loop gets its turn it takes up to ``ACCEPT_BATCH`` connections, as asyncio's
 (under uvicorn, vLLM's server) takes up to its backlog per wake-up. Starting a connection's
 task costs the loop microseconds; the connection's own work runs in that task, later.
 
-:func:`batched_accept` makes hypercorn's trio worker build its listeners with it, for the
-duration of a ``with`` block (hypercorn looks ``trio.SocketListener`` up through its module's
-``trio`` global when a server starts; that global is swapped for a view of trio that differs
-only there, and put back after).
+:data:`PATCH` makes hypercorn's trio worker build its listeners with it: hypercorn looks
+``trio.SocketListener`` up through its module's ``trio`` global when a server starts, and the
+patch puts a view of trio there that differs only in that name. A batch of 1
+(:class:`~braid.http.patches.patch.PatchSettings`) leaves trio's own listener, one connection per
+round.
 """
 
 from __future__ import annotations
 
 import socket
 import types
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-import hypercorn.trio.run
 import trio
 
-ACCEPT_BATCH = 64
-"""The most connections one turn of the accept loop takes without yielding."""
+from braid.http.patches.patch import ACCEPT_BATCH, Patch, PatchSettings, Upstream
 
 
 class BatchAcceptListener(trio.abc.Listener[trio.SocketStream]):
@@ -67,37 +64,35 @@ class BatchAcceptListener(trio.abc.Listener[trio.SocketStream]):
 
 
 class _TrioForHypercorn(types.ModuleType):
-    """trio, as hypercorn's trio worker sees it during :func:`batched_accept`: every name is
-    trio's except ``SocketListener``."""
+    """trio, as hypercorn's trio worker sees it while the patch is on: every name is ``trio``'s
+    except ``SocketListener``."""
 
-    def __init__(self, batch: int) -> None:
+    def __init__(self, real: Any, batch: int) -> None:
         super().__init__("trio")
+        self._trio = real  # trio, or what an earlier patch of hypercorn put there
         self._batch = batch
 
     def SocketListener(self, sock: trio.socket.SocketType) -> BatchAcceptListener:  # trio's name
         return BatchAcceptListener(sock, self._batch)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(trio, name)
+        return getattr(self._trio, name)
 
 
-@contextmanager
-def batched_accept(batch: int = ACCEPT_BATCH) -> Iterator[None]:
-    """Within the block, hypercorn's trio worker accepts with :class:`BatchAcceptListener`,
-    ``batch`` connections per turn at most.
-
-    Process-wide, like :func:`braid.http.patches.fast_send.fast_send`, and restored on exit; a nested
-    block (a second server started meanwhile) shares the outer one's swap and batch. A batch of
-    1 (or less) leaves trio's own listener, one connection per round.
-    """
-    if batch <= 1 or hypercorn.trio.run.trio is not trio:  # trio's own, or swapped by an outer block
-        yield
-        return
-    hypercorn.trio.run.trio = _TrioForHypercorn(batch)  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        hypercorn.trio.run.trio = trio  # type: ignore[assignment]
+def _apply(current: Any, settings: PatchSettings) -> Any:
+    return current if settings.accept_batch <= 1 else _TrioForHypercorn(current, settings.accept_batch)
 
 
-__all__ = ["ACCEPT_BATCH", "BatchAcceptListener", "batched_accept"]
+PATCH = Patch(
+    name="accept",
+    module=__name__,
+    why="the accept loop takes one connection per scheduler round, and the kernel drops the rest",
+    target=Upstream("hypercorn.trio.run", "trio"),
+    apply=_apply,
+    relies_on=(
+        Upstream("trio", "SocketListener"),  # what hypercorn calls through the view
+        Upstream("trio._socket", "_SocketType._sock", instance=True),  # the socket accept(2) is called on
+    ),
+)
+
+__all__ = ["ACCEPT_BATCH", "PATCH", "BatchAcceptListener"]

@@ -14,25 +14,33 @@ for its close (docs/performance.md, round 7).
 :class:`ClientCloseTCPServer` stops the keep-alive timer once the reading ends: the connection
 has nothing left to wait for but its own requests, which hypercorn's protocol has already been
 told about (a request in flight is cancelled as a disconnect, as before). Then the task group
-ends and hypercorn closes the socket.
+ends and hypercorn closes the socket. It stops whichever timer the connection has, hypercorn's or
+:mod:`braid.http.patches.keep_alive`'s.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from hypercorn.trio.tcp_server import TCPServer
 
-from braid.http.patches.isolate import IsolatedTCPServer
-from braid.http.patches.keep_alive import KeepAliveTimer
+from braid.http.patches.patch import Patch, Upstream, stacked
 
 
-class ClientCloseTCPServer(IsolatedTCPServer):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.idle_task = KeepAliveTimer()  # type: ignore[assignment]  # the same two methods, no waits
-
+class ClientCloseTCPServer(TCPServer):
     async def _read_data(self) -> None:
         await super()._read_data()  # returns at the client's EOF or reset, or a closed socket
         await self.idle_task.stop()  # (a cancellation is the connection's own end: nothing to stop)
 
 
-__all__ = ["ClientCloseTCPServer"]
+PATCH = Patch(
+    name="client_close",
+    module=__name__,
+    why="a connection the client closed stays open (CLOSE-WAIT, two tasks) until the keep-alive timeout",
+    target=Upstream("hypercorn.trio.run", "TCPServer"),
+    apply=stacked(ClientCloseTCPServer, TCPServer),
+    relies_on=(
+        Upstream("hypercorn.trio.tcp_server", "TCPServer._read_data"),
+        Upstream("hypercorn.trio.tcp_server", "TCPServer.idle_task", instance=True),
+    ),
+)
+
+__all__ = ["PATCH", "ClientCloseTCPServer"]

@@ -13,34 +13,29 @@ share of the front end's thread (docs/performance.md, round 2).
   no scope, no scheduler trip. The caller is not checkpointed, so a loop that only sends must
   checkpoint itself (braid's stream body does, once per chunk).
 * If the kernel takes only part, the lock is taken at once (it is free and nothing yielded since
-  the check, so no other chunk can get in between) and the rest goes through the stock
-  shielded ``send_all``: a chunk is never cut in half by a cancellation, exactly as in hypercorn.
-* If the kernel takes nothing (buffer full) or the socket errors, the chunk takes hypercorn's own
-  path untouched, which waits for room or reports the closed connection as it always has.
-* TLS streams and anything that is not a plain ``trio.SocketStream`` always take the stock path.
+  the check, so no other chunk can get in between) and the rest goes through
+  :meth:`~braid.http.patches.locked_send.LockedSendTCPServer.send_locked`: hypercorn's shielded
+  ``send_all``, or, with :mod:`braid.http.patches.write_deadline` on, its bounded write. A chunk
+  is never cut in half by a cancellation, exactly as in hypercorn.
+* If the kernel takes nothing (buffer full) or the socket errors, the chunk takes the path of the
+  class this patch is stacked on (hypercorn's, or the write deadline's: the installer puts fast
+  send last), which waits for room or reports the closed connection as it always has.
+* TLS streams and anything that is not a plain ``trio.SocketStream`` always take that path too.
 
-"Stock" here is :class:`~braid.http.patches.write_deadline.WriteDeadlineTCPServer`'s path: hypercorn's,
-with each slice of a write bounded by the server's write deadline when it has one. A server whose
-hypercorn ``Config`` has ``fast_send`` false (``braid serve --stock-send``) takes that path for
-every chunk.
-
-:func:`fast_send` installs the subclass where hypercorn's trio worker looks it up, for the
-duration of a ``with`` block, and puts the stock class back after.
+``braid serve --stock-send`` turns this patch off, and only this one.
 """
 
 from __future__ import annotations
 
 import socket
-from contextlib import AbstractContextManager
 from typing import Any
 
-import hypercorn.trio.run
 import trio
-from hypercorn.events import Closed, Event, RawData
+from hypercorn.events import Event, RawData
 from hypercorn.trio.tcp_server import TCPServer
 
-from braid.http.patches.swap import swapped
-from braid.http.patches.write_deadline import WriteDeadlineTCPServer
+from braid.http.patches.locked_send import LockedSendTCPServer
+from braid.http.patches.patch import Patch, Upstream, stacked
 
 
 def _raw_socket(stream: object) -> socket.socket | None:
@@ -50,11 +45,10 @@ def _raw_socket(stream: object) -> socket.socket | None:
     return raw if isinstance(raw, socket.socket) else None
 
 
-class FastSendTCPServer(WriteDeadlineTCPServer):
+class FastSendTCPServer(LockedSendTCPServer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        enabled = getattr(self.config, "fast_send", True)  # braid.http.server's Config says; hypercorn's has none
-        self._raw = _raw_socket(self.stream) if enabled else None  # a connection's stream never changes
+        self._raw = _raw_socket(self.stream)  # a connection's stream never changes
 
     async def protocol_send(self, event: Event) -> None:
         if type(event) is RawData and not self.send_lock.locked():
@@ -68,30 +62,28 @@ class FastSendTCPServer(WriteDeadlineTCPServer):
                 if sent == len(data):
                     return
                 if sent > 0:
-                    await self._send_rest(memoryview(data)[sent:])
+                    self.send_lock.acquire_nowait()  # free, and nothing has yielded since it was checked
+                    try:
+                        await self.send_locked(memoryview(data)[sent:])
+                    finally:
+                        self.send_lock.release()
                     return
         await super().protocol_send(event)
 
-    async def _send_rest(self, rest: memoryview) -> None:
-        self.send_lock.acquire_nowait()  # free, and nothing has yielded since it was checked
-        try:
-            if self.write_deadlines is not None:
-                await self.send_bounded(rest)
-                return
-            try:
-                with trio.CancelScope(shield=True):
-                    await self.stream.send_all(rest)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                await self.protocol.handle(Closed())
-        finally:
-            self.send_lock.release()
 
+PATCH = Patch(
+    name="fast_send",
+    module=__name__,
+    why="every response chunk pays a lock, a shielded scope and two scheduler trips, room or not",
+    target=Upstream("hypercorn.trio.run", "TCPServer"),
+    apply=stacked(FastSendTCPServer, TCPServer),
+    relies_on=(
+        Upstream("hypercorn.trio.tcp_server", "TCPServer.protocol_send"),
+        Upstream("hypercorn.trio.tcp_server", "TCPServer.send_lock", instance=True),
+        Upstream("hypercorn.trio.tcp_server", "TCPServer.stream", instance=True),
+        Upstream("hypercorn.trio.tcp_server", "TCPServer.protocol", instance=True),
+        Upstream("trio._socket", "_SocketType._sock", instance=True),  # the socket send(2) is called on
+    ),
+)
 
-def fast_send(enabled: bool = True) -> AbstractContextManager[None]:
-    """Within the block, hypercorn's trio worker serves connections with :class:`FastSendTCPServer`
-    (process-wide, the stock class restored on exit; :func:`braid.http.patches.swap.swapped`). With
-    ``enabled=False`` it does nothing."""
-    return swapped(hypercorn.trio.run, "TCPServer", TCPServer, FastSendTCPServer, enabled)
-
-
-__all__ = ["FastSendTCPServer", "fast_send"]
+__all__ = ["PATCH", "FastSendTCPServer"]

@@ -10,24 +10,21 @@ times the framing itself (docs/performance.md, round 10).
 response is being sent chunked and nothing else can happen: our state is ``SEND_BODY`` and the
 writer is h11's ``ChunkedWriter``. Anything else (a response with a Content-Length, an HTTP/1.0
 client, the headers, the end of the body, an error state) takes hypercorn's own path, so h11
-still sees every state change. :func:`direct_body` installs the class where hypercorn's protocol
-wrapper looks it up, for the duration of a ``with`` block, as :mod:`braid.http.patches.h2_late_data`
-does for HTTP/2.
+still sees every state change. The patch puts the class where hypercorn's protocol wrapper looks
+it up (``hypercorn.protocol.H11Protocol``), as :mod:`braid.http.patches.h2_late_data` does for
+HTTP/2.
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-
 import h11
-import hypercorn.protocol
 from h11._writers import ChunkedWriter
 from hypercorn.events import RawData
 from hypercorn.protocol.events import Body
 from hypercorn.protocol.events import Event as StreamEvent
 from hypercorn.protocol.h11 import H11Protocol
 
-from braid.http.patches.swap import swapped
+from braid.http.patches.patch import Patch, Upstream, stacked
 
 
 class DirectBodyH11Protocol(H11Protocol):
@@ -43,11 +40,19 @@ class DirectBodyH11Protocol(H11Protocol):
         await super().stream_send(event)
 
 
-def direct_body(enabled: bool = True) -> AbstractContextManager[None]:
-    """Within the block, hypercorn's HTTP/1.1 connections use :class:`DirectBodyH11Protocol`; the
-    stock class is put back after (:func:`braid.http.patches.swap.swapped`). With ``enabled=False`` it
-    does nothing (``braid serve --stock-send``: hypercorn's own send path)."""
-    return swapped(hypercorn.protocol, "H11Protocol", H11Protocol, DirectBodyH11Protocol, enabled)
+PATCH = Patch(
+    name="h11_body",
+    module=__name__,
+    why="h11's state machine costs about twenty times the framing of each streamed body chunk",
+    target=Upstream("hypercorn.protocol", "H11Protocol"),
+    apply=stacked(DirectBodyH11Protocol, H11Protocol),
+    relies_on=(
+        Upstream("hypercorn.protocol.h11", "H11Protocol.stream_send"),
+        Upstream("hypercorn.protocol.h11", "H11Protocol.connection", instance=True),
+        Upstream("hypercorn.protocol.h11", "H11Protocol.send", instance=True),
+        Upstream("h11._writers", "ChunkedWriter"),
+        Upstream("h11._connection", "Connection._writer", instance=True),
+    ),
+)
 
-
-__all__ = ["DirectBodyH11Protocol", "direct_body"]
+__all__ = ["PATCH", "DirectBodyH11Protocol"]

@@ -9,19 +9,15 @@ server) down. hypercorn already ignores a late end of stream the same way; this 
 
 :class:`LateDataH2Protocol` drops such frames before hypercorn sees them, after giving their bytes
 back to the connection's flow-control window (so the client's other streams are not starved).
-:func:`late_data_dropped` installs it where hypercorn's protocol wrapper looks it up, for the
-duration of a ``with`` block, as :func:`braid.http.patches.fast_send.fast_send` does for its server.
+The patch puts it where hypercorn's protocol wrapper looks it up (``hypercorn.protocol.H2Protocol``).
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-
 import h2.events
-import hypercorn.protocol
 from hypercorn.protocol.h2 import H2Protocol
 
-from braid.http.patches.swap import swapped
+from braid.http.patches.patch import Patch, Upstream, stacked
 
 
 class LateDataH2Protocol(H2Protocol):
@@ -36,10 +32,19 @@ class LateDataH2Protocol(H2Protocol):
         await super()._handle_events(kept)  # also flushes the window updates
 
 
-def late_data_dropped() -> AbstractContextManager[None]:
-    """Within the block, hypercorn's HTTP/2 connections use :class:`LateDataH2Protocol`; the
-    stock class is put back after (:func:`braid.http.patches.swap.swapped`)."""
-    return swapped(hypercorn.protocol, "H2Protocol", H2Protocol, LateDataH2Protocol)
+PATCH = Patch(
+    name="h2_late_data",
+    module=__name__,
+    why="over HTTP/2, body data for a stream already answered raises KeyError and ends the connection",
+    target=Upstream("hypercorn.protocol", "H2Protocol"),
+    apply=stacked(LateDataH2Protocol, H2Protocol),
+    relies_on=(
+        Upstream("hypercorn.protocol.h2", "H2Protocol._handle_events"),
+        Upstream("hypercorn.protocol.h2", "H2Protocol.streams", instance=True),
+        Upstream("hypercorn.protocol.h2", "H2Protocol.connection", instance=True),
+        Upstream("h2.events", "DataReceived.flow_controlled_length"),
+        Upstream("h2.connection", "H2Connection.acknowledge_received_data"),
+    ),
+)
 
-
-__all__ = ["LateDataH2Protocol", "late_data_dropped"]
+__all__ = ["PATCH", "LateDataH2Protocol"]

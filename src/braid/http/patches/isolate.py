@@ -17,6 +17,8 @@ import logging
 
 from hypercorn.trio.tcp_server import TCPServer
 
+from braid.http.patches.patch import Patch, Upstream, stacked
+
 log = logging.getLogger("braid")
 
 
@@ -28,4 +30,13 @@ class IsolatedTCPServer(TCPServer):
             log.error("a connection failed and was closed (a bug): %r", group.exceptions[0], exc_info=group)
 
 
-__all__ = ["IsolatedTCPServer"]
+PATCH = Patch(
+    name="isolate",
+    module=__name__,
+    why="an exception in one connection's handling ends the whole server",
+    target=Upstream("hypercorn.trio.run", "TCPServer"),
+    apply=stacked(IsolatedTCPServer, TCPServer),
+    relies_on=(Upstream("hypercorn.trio.tcp_server", "TCPServer.run"),),
+)
+
+__all__ = ["PATCH", "IsolatedTCPServer"]

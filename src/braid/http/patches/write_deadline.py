@@ -19,7 +19,7 @@ server drain waits for that write past its graceful timeout, for ever.
   would queue its FIN behind the unsent bytes, which a client that reads nothing never takes, so
   the kernel would keep the socket and the client would never learn. Then hypercorn's protocol
   is told the connection closed, which cancels the response task as a client disconnect does
-  (and with it the run and its engine requests: :mod:`braid.http.body`).
+  (and with it the run and its engine requests: :mod:`braid.routes.body`).
 * A drain cuts writes off at its end: :meth:`WriteDeadlines.cut_off` moves every deadline, of the
   writes waiting now and of those that start later, to the end of the graceful period. Without
   it a drain would wait up to ``write_timeout`` past that end for a client that reads nothing.
@@ -43,8 +43,10 @@ from typing import Any
 
 import trio
 from hypercorn.events import Closed, Event, RawData
+from hypercorn.trio.tcp_server import TCPServer
 
-from braid.http.patches.client_close import ClientCloseTCPServer
+from braid.http.patches.locked_send import LockedSendTCPServer
+from braid.http.patches.patch import Patch, Upstream, stacked
 
 log = logging.getLogger("braid")
 
@@ -101,7 +103,7 @@ def _reset(stream: object) -> None:
         pass  # already closed or reset
 
 
-class WriteDeadlineTCPServer(ClientCloseTCPServer):
+class WriteDeadlineTCPServer(LockedSendTCPServer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.write_deadlines: WriteDeadlines | None = getattr(self.config, "write_deadlines", None)
@@ -109,18 +111,20 @@ class WriteDeadlineTCPServer(ClientCloseTCPServer):
     async def protocol_send(self, event: Event) -> None:
         if self.write_deadlines is not None and type(event) is RawData:
             async with self.send_lock:
-                await self.send_bounded(event.data)
+                await self.send_locked(event.data)
         else:
             await super().protocol_send(event)
 
-    async def send_bounded(self, data: bytes | bytearray | memoryview) -> None:
+    async def send_locked(self, data: bytes | bytearray | memoryview) -> None:
         """Write ``data`` whole, each slice within its deadline; the caller holds ``send_lock``.
 
         Never raises for a closed or broken connection, nor for a passed deadline: the protocol
         is told the connection closed, as hypercorn does when a write fails.
         """
         deadlines = self.write_deadlines
-        assert deadlines is not None
+        if deadlines is None:
+            await super().send_locked(data)
+            return
         with memoryview(data) as view:
             for start in range(0, len(view), SLICE):
                 with trio.CancelScope(shield=True, deadline=deadlines.deadline()) as scope:
@@ -155,4 +159,19 @@ class WriteDeadlineTCPServer(ClientCloseTCPServer):
         await self.protocol.handle(Closed())
 
 
-__all__ = ["SLICE", "WriteDeadlineTCPServer", "WriteDeadlines"]
+PATCH = Patch(
+    name="write_deadline",
+    module=__name__,
+    why="a client that reads nothing holds its response's write, and a drain, for ever",
+    target=Upstream("hypercorn.trio.run", "TCPServer"),
+    apply=stacked(WriteDeadlineTCPServer, TCPServer),
+    relies_on=(
+        Upstream("hypercorn.trio.tcp_server", "TCPServer.protocol_send"),
+        Upstream("hypercorn.trio.tcp_server", "TCPServer.send_lock", instance=True),
+        Upstream("hypercorn.trio.tcp_server", "TCPServer.stream", instance=True),
+        Upstream("hypercorn.trio.tcp_server", "TCPServer.protocol", instance=True),
+        Upstream("hypercorn.trio.tcp_server", "TCPServer.config", instance=True),
+    ),
+)
+
+__all__ = ["PATCH", "SLICE", "WriteDeadlineTCPServer", "WriteDeadlines"]
