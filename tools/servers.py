@@ -1,7 +1,7 @@
 """braid and vLLM's own OpenAI server as child processes, on the same engine settings.
 
 Used by the parity tier (tests/parity) and the benchmarks (bench/). Both servers get the tiny
-default model, the same engine arguments (``braid.cli.main.TINY_MODEL_ENGINE_ARGS`` plus the CPU
+default model, the same engine arguments (``braid.cli.engines.TINY_MODEL_ENGINE_ARGS`` plus the CPU
 settings braid applies) and the same seed, so any difference in what a client sees comes from
 the front end. Each server is a context manager: on exit it gets SIGTERM, then SIGKILL after
 ``stop_timeout`` seconds; its output goes to a log file named in every failure message.
@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 import httpx
 
-from braid.cli.main import TINY_MODEL_ENGINE_ARGS
+from braid.cli.engines import TINY_MODEL_ENGINE_ARGS
 from braid.engine.vllm_common import CPU_ENGINE_ARGS, CPU_ENVIRONMENT, OFFLINE_ENVIRONMENT
 
 SERVED_NAME = "braid-tiny"

@@ -3,7 +3,8 @@
 :class:`Settings` is built once per app (``braid serve``'s flags, or a test's values) and passed
 down whole: the view reads its limits from it, :mod:`braid.http.limits` the bounds on reading a
 request, the run its buffer, stall timeout and heartbeat period. ``braid serve``'s flags take
-their defaults from ``Settings()``.
+their defaults from these fields (:mod:`braid.cli.fields`). A ground-floor module: it imports
+nothing of braid's HTTP edge, which depends on it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import attrs
+
+from braid.addresses import parse_allowed
 
 
 def _strings(values: Iterable[str]) -> tuple[str, ...]:
@@ -22,12 +25,6 @@ def _bearer_keys(_inst: object, _attr: object, keys: tuple[str, ...]) -> None:
     for key in keys:
         if not key or not all("!" <= c <= "~" for c in key):
             raise ValueError("an API key must be non-empty visible ASCII without spaces")
-
-
-def _allowed_peers(values: Iterable[str]) -> tuple[str, ...]:
-    from braid.http.forwarded import parse_allowed  # ValueError for a value that is no address
-
-    return parse_allowed(values)
 
 
 @attrs.frozen
@@ -80,7 +77,7 @@ class Settings:
     """CORS origins (or "*"); empty: no CORS headers at all (braid.http.cors)."""
     access_log: bool = False
     """One log line per HTTP request on the ``braid.access`` logger (braid.http.access_log)."""
-    forwarded_allow_ips: tuple[str, ...] = attrs.field(default=(), converter=_allowed_peers)
+    forwarded_allow_ips: tuple[str, ...] = attrs.field(default=(), converter=parse_allowed)
     """Peers (IPs, networks, or "*") whose X-Forwarded-For/-Proto are trusted; empty: the headers
     are ignored (braid.http.forwarded)."""
 

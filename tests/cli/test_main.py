@@ -119,16 +119,16 @@ def test_curl_style_request(braid_url: str) -> None:
 def test_switch_interval_is_shortened_only_for_two_busy_threads() -> None:
     import sys
 
-    from braid.cli.main import _set_switch_interval
+    from braid.cli.engines import set_switch_interval
 
     saved = sys.getswitchinterval()
     try:
         sys.setswitchinterval(0.005)
-        _set_switch_interval(None, two_threads=False)
+        set_switch_interval(None, two_threads=False)
         assert sys.getswitchinterval() == pytest.approx(0.005)
-        _set_switch_interval(None, two_threads=True)
+        set_switch_interval(None, two_threads=True)
         assert sys.getswitchinterval() == pytest.approx(0.001)
-        _set_switch_interval(0.003, two_threads=True)
+        set_switch_interval(0.003, two_threads=True)
         assert sys.getswitchinterval() == pytest.approx(0.003)
     finally:
         sys.setswitchinterval(saved)
@@ -166,10 +166,10 @@ def test_the_read_limits_reach_the_server() -> None:
 )
 @pytest.mark.parametrize("value", ["0", "-1"])
 def test_periods_must_be_positive(flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from braid.cli.main import _parser
+    from braid.cli.parser import build_parser
 
     with pytest.raises(SystemExit):
-        _parser().parse_args(["serve", flag, value])
+        build_parser().parse_args(["serve", flag, value])
     assert "must be > 0" in capsys.readouterr().err
 
 
@@ -182,18 +182,20 @@ def test_settings_refuse_a_zero_heartbeat() -> None:
 
 def test_admission_flags_reach_the_server() -> None:
     """The admission flags end up in the app's Admission, and the reserve in the engine's room."""
-    from braid.cli.main import _extra_seqs, _parser, settings_from
+    from braid.cli.config import settings_from
+    from braid.cli.engines import extra_seqs
+    from braid.cli.parser import build_parser
     from braid.engine.base import ModelInfo
     from braid.stream.admit import admission_for
 
-    args = _parser().parse_args(
+    args = build_parser().parse_args(
         ["serve", "--max-in-flight-requests", "8", "--max-queued-requests", "3", "--admission-reserve", "2"]
     )
     settings = settings_from(args)
     adm = admission_for(settings, ModelInfo("m", "m", max_model_len=16, vocab_size=8, max_num_seqs=66, reserved_seqs=2))
     assert (adm.slots, adm.max_queued, adm.reserve) == (8, 3, 2)
-    assert _extra_seqs(2)(64) == 2 and _extra_seqs(None)(64) == 4
-    assert settings_from(_parser().parse_args(["serve"])).max_in_flight is None  # the engine decides
+    assert extra_seqs(2)(64) == 2 and extra_seqs(None)(64) == 4
+    assert settings_from(build_parser().parse_args(["serve"])).max_in_flight is None  # the engine decides
 
 
 @pytest.mark.parametrize(
@@ -225,19 +227,23 @@ def test_engine_args_braid_would_not_honour_stop_it_before_any_engine(
     [([], 30.0), (["--stall-timeout", "5"], 5.0), (["--stall-timeout", "5", "--write-timeout", "12"], 12.0)],
 )
 def test_the_write_timeout_follows_the_stall_timeout_unless_given(argv: list[str], write_timeout: float) -> None:
-    from braid.cli.main import _parser, _server_config
+    from braid.cli.config import server_config_from
+    from braid.cli.parser import build_parser
 
-    cfg = _server_config(_parser().parse_args(["serve", *argv]))
+    cfg = server_config_from(build_parser().parse_args(["serve", *argv]))
     assert cfg.write_timeout == write_timeout
 
 
-def test_connection_options_reach_the_server_config() -> None:
-    from braid.cli.main import _parser, _server_config
+def test_connection_options_reach_theserver_config_from() -> None:
+    from braid.cli.config import server_config_from
+    from braid.cli.parser import build_parser
 
-    assert _server_config(_parser().parse_args(["serve"])).backlog == 2048
-    cfg = _server_config(_parser().parse_args(["serve", "--backlog", "512", "--stock-send", "--accept-batch", "1"]))
+    assert server_config_from(build_parser().parse_args(["serve"])).backlog == 2048
+    cfg = server_config_from(
+        build_parser().parse_args(["serve", "--backlog", "512", "--stock-send", "--accept-batch", "1"])
+    )
     assert cfg.backlog == 512 and cfg.fast_send is False and cfg.accept_batch == 1
-    assert _server_config(_parser().parse_args(["serve"])).accept_batch == 64
+    assert server_config_from(build_parser().parse_args(["serve"])).accept_batch == 64
 
 
 def test_a_port_in_use_is_one_line_before_any_engine(
@@ -292,15 +298,16 @@ def _no_engine(args: object) -> None:
 def test_api_keys_from_flags_file_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--api-key, --api-key-file (comments and blanks skipped) and BRAID_API_KEY all admit a
     request on a real ``braid serve``; /health stays open; the keys never show in the settings' repr."""
-    from braid.cli.main import _parser, settings_from
+    from braid.cli.config import settings_from
+    from braid.cli.parser import build_parser
 
     key_file = tmp_path / "keys"
     key_file.write_text("# ops keys\n\n  file-key  \n#not-a-key\nfile-key-2\n")
     args = ["--api-key", "flag-key", "--api-key-file", str(key_file), "--metrics-public"]
-    settings = settings_from(_parser().parse_args(["serve", *args]), {"BRAID_API_KEY": "env-key"})
+    settings = settings_from(build_parser().parse_args(["serve", *args]), {"BRAID_API_KEY": "env-key"})
     assert settings.api_keys == ("flag-key", "file-key", "file-key-2", "env-key") and settings.metrics_public
     assert "key" not in repr(settings).replace("api_keys", "")
-    assert settings_from(_parser().parse_args(["serve"]), {}).api_keys == ()
+    assert settings_from(build_parser().parse_args(["serve"]), {}).api_keys == ()
     monkeypatch.setenv("BRAID_API_KEY", "env-key")
     proc, url = _start("--api-key-file", str(key_file), "--allowed-origins", "https://a.example")
     try:
@@ -350,7 +357,8 @@ def test_a_key_setting_that_would_leave_the_server_open_stops_it(
 
 
 def test_every_serve_option_can_come_from_the_environment(capsys: pytest.CaptureFixture[str]) -> None:
-    from braid.cli.main import _parser, settings_from
+    from braid.cli.config import settings_from
+    from braid.cli.parser import build_parser
 
     env = {
         "BRAID_PORT": "9123",
@@ -359,21 +367,21 @@ def test_every_serve_option_can_come_from_the_environment(capsys: pytest.Capture
         "BRAID_ENGINE": "scripted",
         "BRAID_ALLOWED_ORIGINS": "https://a.example https://b.example",
     }
-    args = _parser(env).parse_args(["serve", "--max-queued-requests", "9"])
+    args = build_parser(env).parse_args(["serve", "--max-queued-requests", "9"])
     assert (args.port, args.engine, args.metrics_public) == (9123, "scripted", True)
     assert args.allowed_origins == ["https://a.example", "https://b.example"]
     assert settings_from(args, {}).max_queued == 9  # the command line wins over the variable
     for bad in ({"BRAID_PORT": "eighty"}, {"BRAID_ENGINE": "tgi"}, {"BRAID_METRICS_PUBLIC": "maybe"}):
         with pytest.raises(SystemExit):
-            _parser(bad).parse_args(["serve"])
+            build_parser(bad).parse_args(["serve"])
         assert next(iter(bad)) in capsys.readouterr().err
 
 
 def test_help_shows_each_default_and_variable(capsys: pytest.CaptureFixture[str]) -> None:
-    from braid.cli.main import _parser
+    from braid.cli.parser import build_parser
 
     with pytest.raises(SystemExit):
-        _parser().parse_args(["serve", "--help"])
+        build_parser().parse_args(["serve", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     for shown in (
         "(default: 8000; env BRAID_PORT)",
@@ -386,28 +394,29 @@ def test_help_shows_each_default_and_variable(capsys: pytest.CaptureFixture[str]
 
 
 def test_log_flags_and_their_variables(capsys: pytest.CaptureFixture[str]) -> None:
-    from braid.cli.main import _parser, settings_from
+    from braid.cli.config import settings_from
+    from braid.cli.parser import build_parser
 
-    settings = settings_from(_parser().parse_args(["serve"]), {})
+    settings = settings_from(build_parser().parse_args(["serve"]), {})
     assert (settings.access_log, settings.forwarded_allow_ips) == (False, ())
-    assert _parser().parse_args(["serve"]).log_format == "text"
-    args = _parser().parse_args(
+    assert build_parser().parse_args(["serve"]).log_format == "text"
+    args = build_parser().parse_args(
         ["serve", "--log-format", "json", "--access-log", "--forwarded-allow-ips", "10.0.0.1, 10.1.0.0/16,::1"]
     )
     settings = settings_from(args, {})
     assert args.log_format == "json" and settings.access_log
     assert settings.forwarded_allow_ips == ("10.0.0.1", "10.1.0.0/16", "::1")
     env = {"BRAID_LOG_FORMAT": "json", "BRAID_ACCESS_LOG": "true", "BRAID_FORWARDED_ALLOW_IPS": "*"}
-    args = _parser(env).parse_args(["serve"])
+    args = build_parser(env).parse_args(["serve"])
     assert (args.log_format, args.access_log, settings_from(args, {}).forwarded_allow_ips) == ("json", True, ("*",))
-    assert _parser(env).parse_args(["serve", "--log-format", "text"]).log_format == "text"
+    assert build_parser(env).parse_args(["serve", "--log-format", "text"]).log_format == "text"
     for bad in ({"BRAID_LOG_FORMAT": "xml"}, {"BRAID_FORWARDED_ALLOW_IPS": "nginx.local"}):
         with pytest.raises(SystemExit):
-            _parser(bad).parse_args(["serve"])
+            build_parser(bad).parse_args(["serve"])
         assert next(iter(bad)) in capsys.readouterr().err
     for argv in (["--log-format", "xml"], ["--forwarded-allow-ips", "10.0.0.0/33"]):
         with pytest.raises(SystemExit):
-            _parser().parse_args(["serve", *argv])
+            build_parser().parse_args(["serve", *argv])
         assert argv[0] in capsys.readouterr().err
 
 

@@ -34,7 +34,7 @@ import logging
 import time
 from typing import Any
 
-from braid.http.auth import ASGIApp, Receive, Scope, Send
+from braid.http.asgi import ASGIApp, Receive, Scope, Send
 from braid.logs import ACCESS_LOGGER
 
 Message = dict[str, Any]

@@ -25,17 +25,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Iterable
 from typing import Any
 
 from braid.errors import Unauthorized
+from braid.http.asgi import ASGIApp, Receive, Scope, Send
 from braid.settings import Settings
-from braid.wire.completions_response import error_body
-
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+from braid.wire.output import error_body
 
 _OPEN_METHODS = frozenset({"GET", "HEAD"})
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, MutableMapping
 from typing import Any
 
-from braid.http.auth import ASGIApp, Receive, Scope, Send
+from braid.http.asgi import ASGIApp, Receive, Scope, Send
 from braid.settings import Settings
 
 PREFLIGHT_MAX_AGE = 600

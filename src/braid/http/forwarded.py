@@ -27,26 +27,12 @@ import ipaddress
 from collections.abc import Iterable
 from typing import Any
 
-from braid.http.auth import ASGIApp, Receive, Scope, Send
+from braid.addresses import parse_allowed
+from braid.http.asgi import ASGIApp, Receive, Scope, Send
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 _SCHEMES = frozenset({"http", "https"})
-
-
-def parse_allowed(values: Iterable[str]) -> tuple[str, ...]:
-    """Each value is ``*``, an IP address or a network (``10.0.0.0/8``); ValueError otherwise.
-    Returns them normalised (``::1``, ``10.0.0.0/8``), as :class:`ForwardedFor` compares them."""
-    out = []
-    for value in values:
-        value = value.strip()
-        if value == "*":
-            out.append(value)
-        elif "/" in value:
-            out.append(str(ipaddress.ip_network(value, strict=False)))
-        else:
-            out.append(str(ipaddress.ip_address(value)))
-    return tuple(out)
 
 
 def host_port(entry: str) -> tuple[str, int]:
@@ -136,4 +122,4 @@ def install(app: Any, allowed: Iterable[str]) -> None:
         app.asgi_app = ForwardedFor(app.asgi_app, allowed)
 
 
-__all__ = ["ForwardedFor", "host_port", "install", "parse_allowed"]
+__all__ = ["ForwardedFor", "host_port", "install"]

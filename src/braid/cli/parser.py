@@ -1,0 +1,318 @@
+"""``braid``'s command line: the sub-commands and their options, declared once.
+
+Every option that fills a field of ``Settings``, ``ServerConfig`` or
+:class:`~braid.cli.engines.EngineOptions` is declared with
+:func:`~braid.cli.fields.add_field_option`: its value lands under the field's name and its
+default is the field's, so no default is restated here. :mod:`braid.cli.config` builds those
+classes from the parsed arguments. Every option can also come from a ``BRAID_*`` variable, and
+``--help`` shows each option's default and variable (:mod:`braid.cli.environ`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+
+from braid.cli.argtypes import allowed_peers, engine_arg, key_file, positive, positive_int
+from braid.cli.engines import ENGINE_CLIENTS, ENGINE_KINDS, EngineOptions
+from braid.cli.environ import API_KEY_ENV, apply_env_defaults
+from braid.cli.fields import add_field_option, field_default
+from braid.logs import LOG_FORMATS
+from braid.settings import Settings
+
+
+def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """``braid``'s parser. With ``env`` (``main`` passes ``os.environ``), every ``serve`` option
+    ``--some-flag`` takes its default from ``BRAID_SOME_FLAG`` when that is set."""
+    parser = argparse.ArgumentParser(prog="braid", description="Batched OpenAI-compatible completions on Trio.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_serve(commands, env)
+    return parser
+
+
+def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser], env: Mapping[str, str] | None) -> None:
+    """The ``serve`` sub-command: the engine's options, then the front end's and the server's."""
+    from braid.http.server import ServerConfig  # imports quart: never at module level (braid.cli.main)
+
+    s = commands.add_parser("serve", help="serve the OpenAI-compatible API")
+    add_field_option(s, ServerConfig, "host", "--host")
+    add_field_option(s, ServerConfig, "port", "--port", type=int)
+    add_engine_options(s)
+
+    h = s.add_argument_group("front end")
+    add_field_option(h, Settings, "max_prompts", "--max-prompts", type=int, help="prompts per request")
+    add_field_option(h, Settings, "max_choices", "--max-choices", type=int, help="prompts x n per request")
+    add_field_option(
+        h,
+        Settings,
+        "max_body_bytes",
+        "--max-body-bytes",
+        type=positive_int,
+        help="413 for a larger request body, refused as it is read (declared or sent)",
+    )
+    add_field_option(
+        h,
+        Settings,
+        "body_timeout",
+        "--body-timeout",
+        type=positive,
+        help="408 for a request body not all received this many seconds after braid starts reading it",
+    )
+    add_field_option(
+        h,
+        Settings,
+        "max_header_bytes",
+        "--max-header-bytes",
+        type=positive_int,
+        help="hypercorn's 431 for a larger unfinished request header block (HTTP/1.1; HTTP/2 keeps h2's 64 KiB)",
+    )
+    add_field_option(
+        h,
+        Settings,
+        "stall_timeout",
+        "--stall-timeout",
+        type=positive,
+        help="abort a stream when its client has taken none of braid's output for this long "
+        "(seconds): the engine's buffer for the stream stayed full, so a reader too slow to take "
+        f"one chunk (up to {field_default(Settings, 'buffer')} events) in this time is cut",
+    )
+    add_field_option(
+        h, Settings, "heartbeat", "--heartbeat", type=positive, help="SSE comment after this many idle seconds"
+    )
+    add_field_option(
+        h,
+        Settings,
+        "prompt_tokens_details",
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="usage reports prompt_tokens_details.cached_tokens: the prompt tokens found in the "
+        "engine's prefix cache, summed over a batch's prompts",
+    )
+    add_field_option(
+        h,
+        ServerConfig,
+        "graceful_timeout",
+        "--graceful-timeout",
+        type=float,
+        help="drain time after SIGTERM (seconds)",
+    )
+    # Not the field's default: unless given, the connection's timeout is the stall timeout given.
+    h.add_argument(
+        "--write-timeout",
+        type=positive,
+        default=None,
+        metavar="SECONDS",
+        help="reset a connection whose client takes less than 16 KiB of a response in this long "
+        "(braid.http.patches.write_deadline); default: the stall timeout",
+    )
+    add_field_option(
+        h, ServerConfig, "backlog", "--backlog", type=int, help="listen queue length (capped by net.core.somaxconn)"
+    )
+    add_field_option(
+        h,
+        ServerConfig,
+        "accept_batch",
+        "--accept-batch",
+        type=int,
+        help="connections one turn of the accept loop takes (braid.http.patches.accept); 1: trio's own, "
+        "one per scheduler round (for comparison)",
+    )
+    add_field_option(
+        h,
+        ServerConfig,
+        "keep_alive_timeout",
+        "--keep-alive",
+        type=float,
+        help="idle keep-alive timeout (seconds)",
+    )
+    add_field_option(
+        h,
+        EngineOptions,
+        "switch_interval",
+        "--switch-interval",
+        type=float,
+        metavar="SECONDS",
+        help="how long a thread may hold the GIL while another waits for it (sys.setswitchinterval); "
+        "default 0.001 with --engine-client asyncio, whose output handler runs on a second thread, "
+        "Python's 0.005 otherwise",
+    )
+    h.add_argument(
+        "--stock-send",
+        action="store_true",
+        help="send every response chunk through hypercorn's own locked path, not braid's "
+        "direct socket write (see braid.http.patches.fast_send; for comparison)",
+    )
+
+    k = s.add_argument_group("access (braid.http.auth, braid.http.cors)")
+    k.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help=f"require 'Authorization: Bearer KEY' on every route but GET /health (repeatable; "
+        f"visible in ps: prefer --api-key-file or {API_KEY_ENV})",
+    )
+    k.add_argument(
+        "--api-key-file",
+        type=key_file,
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="API keys, one per line; blank lines and lines starting with # are skipped (repeatable)",
+    )
+    add_field_option(
+        k,
+        Settings,
+        "metrics_public",
+        "--metrics-public",
+        action="store_true",
+        help="with API keys: leave GET /metrics open",
+    )
+    add_field_option(
+        k,
+        Settings,
+        "trust_request_chat_template",
+        "--trust-request-chat-template",
+        action="store_true",
+        help="let a chat request bring its own chat_template (jinja, rendered sandboxed), as vLLM's flag",
+    )
+    add_field_option(
+        k,
+        Settings,
+        "allowed_origins",
+        "--allowed-origins",
+        action="append",
+        metavar="ORIGIN",
+        help="enable CORS for this origin, e.g. https://app.example, or * for any (repeatable; default: no CORS)",
+    )
+
+    g = s.add_argument_group("logs (braid.logs, braid.http.access_log)")
+    g.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="text",
+        help="text: readable lines; json: one JSON object per line (time, level, logger, message, "
+        "exception), for a log agent",
+    )
+    add_field_option(
+        g,
+        Settings,
+        "access_log",
+        "--access-log",
+        action="store_true",
+        help="one line per HTTP request on stdout: remote address, method, path, status, bytes, "
+        "duration, request id, user agent (the rest of the log goes to stderr)",
+    )
+    add_field_option(
+        g,
+        Settings,
+        "forwarded_allow_ips",
+        "--forwarded-allow-ips",
+        type=allowed_peers,
+        metavar="IPS",
+        help="comma-separated addresses or networks of proxies whose X-Forwarded-For and "
+        "X-Forwarded-Proto braid trusts, or * for any peer; other peers' are ignored",
+    )
+
+    a = s.add_argument_group("admission (docs/admission.md)")
+    add_field_option(
+        a,
+        Settings,
+        "max_in_flight",
+        "--max-in-flight-requests",
+        type=int,
+        metavar="N",
+        help="engine requests in the engine at once, server wide; a prompt with n choices takes n "
+        "(none: the engine's own running cap, vLLM's max_num_seqs plus the reserve; 0: unbounded)",
+    )
+    add_field_option(
+        a,
+        Settings,
+        "max_queued",
+        "--max-queued-requests",
+        type=int,
+        metavar="Q",
+        help="requests that may wait for their first engine slot; more get 429 with Retry-After",
+    )
+    add_field_option(
+        a,
+        Settings,
+        "reserve",
+        "--admission-reserve",
+        type=int,
+        metavar="R",
+        help="engine slots kept for requests holding none, so a newcomer starts at the engine's "
+        "next step while a large batch runs; with vLLM the engine's running cap is raised by R "
+        "(none: a sixteenth of max_num_seqs, at least 1)",
+    )
+    add_field_option(
+        a,
+        Settings,
+        "request_timeout",
+        "--request-timeout",
+        type=positive,
+        metavar="SECONDS",
+        help="abort a request this long after it arrived, queue wait included",
+    )
+    apply_env_defaults(s, env)
+
+
+def add_engine_options(parser: argparse.ArgumentParser) -> None:
+    """The options of :class:`~braid.cli.engines.EngineOptions` but the switch interval (which
+    ``serve`` lists with the server's): any sub-command that drives an engine takes them."""
+    add_field_option(
+        parser,
+        EngineOptions,
+        "engine",
+        "--engine",
+        choices=ENGINE_KINDS,
+        help="auto: vLLM when installed, else the scripted engine",
+    )
+    add_field_option(
+        parser, EngineOptions, "token_delay", "--token-delay", type=float, help="scripted engine: seconds per token"
+    )
+    e = parser.add_argument_group("vLLM engine")
+    add_field_option(e, EngineOptions, "model", "--model", help="model path or name; none: braid's tiny local model")
+    add_field_option(e, EngineOptions, "served_model_name", "--served-model-name")
+    add_field_option(e, EngineOptions, "dtype", "--dtype")
+    add_field_option(e, EngineOptions, "max_model_len", "--max-model-len", type=int)
+    add_field_option(e, EngineOptions, "max_num_seqs", "--max-num-seqs", type=int)
+    add_field_option(e, EngineOptions, "tensor_parallel_size", "--tensor-parallel-size", type=int)
+    add_field_option(
+        e,
+        EngineOptions,
+        "distributed_executor_backend",
+        "--distributed-executor-backend",
+        help="e.g. mp or ray (multi-GPU, multi-node)",
+    )
+    add_field_option(e, EngineOptions, "seed", "--seed", type=int)
+    add_field_option(
+        e,
+        EngineOptions,
+        "engine_args",
+        "--engine-arg",
+        type=engine_arg,
+        action="append",
+        metavar="KEY=VALUE",
+        help="any other AsyncEngineArgs field; VALUE is JSON or a string (repeatable)",
+    )
+    add_field_option(
+        e,
+        EngineOptions,
+        "engine_client",
+        "--engine-client",
+        choices=ENGINE_CLIENTS,
+        help="trio: drive vLLM's engine core from braid's own thread (braid.engine.vllm_core); "
+        "asyncio: vLLM's AsyncLLM on a second thread, through the asyncio bridge",
+    )
+    add_field_option(
+        e,
+        EngineOptions,
+        "fault_hooks",
+        "--fault-hooks",
+        action="store_true",
+        help="tests only: a prompt holding 'braid:fail@S' fails after S tokens",
+    )
+
+
+__all__ = ["add_engine_options", "add_serve", "build_parser"]
