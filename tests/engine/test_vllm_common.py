@@ -4,23 +4,25 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 
 import attrs
+import msgspec
 import pytest
 
-from braid.engine.base import SamplingParams
+from braid.engine.base import PassThrough, SamplingParams
 from braid.engine.vllm_common import check_engine_args, map_error, vllm_sampling_params, vllm_structured
 from braid.errors import EngineRejected
-from braid.wire.structured import KINDS, Structured
+from braid.wire.completions_request import UNSUPPORTED_COMPLETIONS, CompletionBody, parse_request
+from braid.wire.fields import UNSUPPORTED, Limits
+from braid.wire.structured import GUIDED, KINDS, Structured
 
-NAMES = {field.name for field in attrs.fields(SamplingParams)}
+NAMES = {field.name for field in attrs.fields(SamplingParams)} - {"passthrough"}
+PASSTHROUGH = set(PassThrough.__struct_fields__)
 SET = SamplingParams(
     max_tokens=5,
     n=2,
     temperature=0.5,
-    top_p=0.9,
-    top_k=3,
-    min_p=0.1,
     seed=7,
     stop=("x", "y"),
     stop_token_ids=(4,),
@@ -29,15 +31,20 @@ SET = SamplingParams(
     min_tokens=1,
     logprobs=2,
     prompt_logprobs=1,
-    presence_penalty=0.5,
-    frequency_penalty=-0.5,
-    repetition_penalty=1.5,
-    skip_special_tokens=False,
-    spaces_between_special_tokens=False,
     logit_bias=((5, 1.0), (6, -2.0)),
-    allowed_token_ids=(5, 6),
-    bad_words=("no",),
     structured_outputs=Structured(choice=("yes", "no"), disable_any_whitespace=True),
+    passthrough=PassThrough(
+        top_p=0.9,
+        top_k=3,
+        min_p=0.1,
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        repetition_penalty=1.5,
+        skip_special_tokens=False,
+        spaces_between_special_tokens=False,
+        allowed_token_ids=(5, 6),
+        bad_words=("no",),
+    ),
 )
 
 
@@ -55,12 +62,14 @@ def record(p: SamplingParams, *, final_only: bool = False) -> dict[str, object]:
 def test_every_field_is_set_apart_from_its_default() -> None:
     default = SamplingParams(max_tokens=16)
     assert [name for name in NAMES if getattr(SET, name) == getattr(default, name)] == []
+    assert [name for name in PASSTHROUGH if getattr(SET.passthrough, name) == getattr(default.passthrough, name)] == []
 
 
 def test_every_field_reaches_vllm_under_its_own_name() -> None:
     sampling_params = pytest.importorskip("vllm.sampling_params")  # for StructuredOutputsParams
     assert record(SET) == {
-        **attrs.asdict(SET, recurse=False),
+        **{k: v for k, v in attrs.asdict(SET, recurse=False).items() if k != "passthrough"},
+        **msgspec.structs.asdict(SET.passthrough),
         "structured_outputs": sampling_params.StructuredOutputsParams(
             choice=["yes", "no"], disable_any_whitespace=True
         ),
@@ -73,11 +82,50 @@ def test_every_field_reaches_vllm_under_its_own_name() -> None:
     }
 
 
-def test_absent_lists_stay_none_and_empty_ones_become_lists() -> None:
+def test_absent_fields_are_none_or_vllms_default() -> None:
     sent = record(SamplingParams(max_tokens=1))
-    assert (sent["logit_bias"], sent["allowed_token_ids"], sent["bad_words"]) == (None, None, None)
+    assert sent["logit_bias"] is None
     assert sent["structured_outputs"] is None
     assert (sent["stop"], sent["stop_token_ids"]) == ([], [])
+    # a pass-through field left out (None) is not sent at all: vLLM's default applies
+    assert PASSTHROUGH & set(sent) == {"skip_special_tokens", "spaces_between_special_tokens"}
+    assert (sent["skip_special_tokens"], sent["spaces_between_special_tokens"]) == (True, True)
+
+
+# The body fields that are not sampling parameters: the request's own, those read into another
+# field (structured output), and the refused ones. A new body field must be listed here or reach
+# vLLM's SamplingParams (the next test).
+NOT_SAMPLING = {
+    "model", "prompt", "stream", "stream_options", "echo", "return_token_ids", "return_tokens_as_token_ids",
+    "add_special_tokens", "truncate_prompt_tokens", "truncation_side", "request_id", "user", "priority",
+    "best_of", *UNSUPPORTED, *UNSUPPORTED_COMPLETIONS, "response_format", *GUIDED,
+}  # fmt: skip
+
+
+def test_every_sampling_field_of_the_body_reaches_vllms_sampling_params() -> None:
+    """A field declared in the body reaches vLLM's SamplingParams under its name, or is one of
+    NOT_SAMPLING: by name, and with a value sent (every field set apart from its default)."""
+    vllm = pytest.importorskip("vllm")
+    sampling = set(CompletionBody.__struct_fields__) - NOT_SAMPLING
+    assert sampling == NAMES | PASSTHROUGH
+    assert sampling <= set(vllm.SamplingParams.__struct_fields__)
+    body = {
+        "prompt": "x", "max_tokens": 5, "n": 2, "temperature": 0.5, "seed": 7, "stop": ["x", "y"],
+        "stop_token_ids": [4], "include_stop_str_in_output": True, "ignore_eos": True, "min_tokens": 1,
+        "logprobs": 2, "prompt_logprobs": 1, "logit_bias": {"5": 1.0},
+        "structured_outputs": {"choice": ["yes", "no"]}, "top_p": 0.9, "top_k": 3, "min_p": 0.1,
+        "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.5,
+        "skip_special_tokens": False, "spaces_between_special_tokens": False, "allowed_token_ids": [5, 6],
+        "bad_words": ["no"],
+    }  # fmt: skip
+    assert set(body) - {"prompt"} == sampling
+    p = parse_request(json.dumps(body).encode(), Limits(vocab_size=259)).sampling
+    got = vllm_sampling_params(vllm.SamplingParams, vllm.sampling_params.RequestOutputKind, p)
+    default = vllm.SamplingParams()
+    assert [name for name in sampling if getattr(got, name) == getattr(default, name)] == []
+    for name in sampling - {"stop", "logit_bias", "structured_outputs"}:
+        sent = body[name]
+        assert getattr(got, name) == sent, name
 
 
 def test_a_non_streaming_request_asks_for_the_final_output_only() -> None:
@@ -86,7 +134,7 @@ def test_a_non_streaming_request_asks_for_the_final_output_only() -> None:
 
 def test_vllm_takes_every_field() -> None:
     sampling_params = pytest.importorskip("vllm.sampling_params")
-    assert NAMES <= set(sampling_params.SamplingParams.__struct_fields__)
+    assert NAMES | PASSTHROUGH <= set(sampling_params.SamplingParams.__struct_fields__)
     params = vllm_sampling_params(sampling_params.SamplingParams, sampling_params.RequestOutputKind, SET)
     assert (params.n, params.max_tokens, params.stop, params.bad_words) == (2, 5, ["x", "y"], ["no"])
 

@@ -266,6 +266,17 @@ def chat_cases() -> list[Case]:
     )
     chat("chat prompt_logprobs with stream", "chat errors", _chat(prompt_logprobs=1, stream=True))
     chat("chat stream_options without stream", "chat errors", _chat(stream_options={"include_usage": True}))
+    chat(
+        "chat stream_options include_usage null with stream false",
+        "chat errors",
+        _chat(stream=False, stream_options={"include_usage": None}),
+    )
+    chat(
+        "chat kv_transfer_params with prompt_token_ids",
+        "chat errors",
+        _chat(kv_transfer_params={"prompt_token_ids": [300, 301, 302, 303, 304]}),
+        deviation="kv_transfer_params",
+    )
     chat("chat tools with tool_choice auto", "chat errors", _chat(tools=[TOOL], tool_choice="auto"))
     chat("chat tools with tool_choice required", "chat errors", _chat(tools=[TOOL], tool_choice="required"))
     chat(

@@ -20,6 +20,8 @@ TEXTS4 = ["class Foo:", "for i in range(10):", "return None", "    def __init__(
 IDS = [300, 301, 302, 303, 304]
 IDS2 = [[400, 401, 402], [500, 501], [600]]
 SINGLE = [321]  # a one-token prompt (ids are not given a BOS)
+SPECIALS = [0, 0, 0, 0, 0]
+MIXED_SPECIALS = [0, 300, 1, 301, 2]
 
 
 @attrs.frozen
@@ -110,6 +112,23 @@ def _cases() -> list[Case]:
                 )
     add("logprobs on a batch", "echo/logprobs", _req(prompt=TEXTS4, logprobs=2, max_tokens=4))
     add("echo on token ids", "echo/logprobs", _req(prompt=IDS2, echo=True, max_tokens=3))
+    # special tokens in a token-id prompt are echoed (vLLM decodes the ids with them), so the
+    # echoed text agrees with its text_offsets
+    add(
+        "echo of special tokens in token ids",
+        "echo/logprobs",
+        _req(prompt=SPECIALS, echo=True, logprobs=1, max_tokens=4),
+    )
+    add(
+        "echo of special tokens in token ids, streamed",
+        "echo/logprobs",
+        _req(prompt=MIXED_SPECIALS, echo=True, logprobs=1, max_tokens=4, stream=True),
+    )
+    add(
+        "echo of special tokens in token ids, skip_special_tokens false",
+        "echo/logprobs",
+        _req(prompt=MIXED_SPECIALS, echo=True, max_tokens=4, skip_special_tokens=False),
+    )
     # -- prompt_logprobs
     add("prompt_logprobs=1", "prompt_logprobs", _req(prompt=[TEXT, TEXT2], prompt_logprobs=1, max_tokens=2))
     add("prompt_logprobs=0", "prompt_logprobs", _req(prompt=TEXT, prompt_logprobs=0, max_tokens=2))
@@ -234,6 +253,11 @@ def _cases() -> list[Case]:
     )
     add("truncate a text, echoed", "truncation", _req(prompt=TEXT, truncate_prompt_tokens=3, echo=True, max_tokens=2))
     add(
+        "truncate token ids, echoed with special tokens",
+        "truncation",
+        _req(prompt=[[0, 300, 301, 1, 302], IDS], truncate_prompt_tokens=2, echo=True, logprobs=0, max_tokens=2),
+    )
+    add(
         "truncate a text from the left side",
         "truncation",
         _req(prompt=TEXT, truncate_prompt_tokens=3, truncation_side="left", return_token_ids=True, max_tokens=2),
@@ -276,6 +300,23 @@ def _cases() -> list[Case]:
         "stream_options with stream false",
         "errors",
         _req(prompt=TEXT, stream=False, stream_options={"include_usage": True}),
+    )
+    add(
+        "stream_options include_usage null with stream false",
+        "errors",
+        _req(prompt=TEXT, stream=False, stream_options={"include_usage": None}),
+    )
+    add(
+        "stream_options continuous_usage_stats null without stream",
+        "errors",
+        _req(prompt=TEXT, stream=_DROP, stream_options={"continuous_usage_stats": None}),
+    )
+    add("stream_options {} with stream false", "stream", _req(prompt=TEXT, stream=False, stream_options={}))
+    add(
+        "kv_transfer_params with prompt_token_ids",
+        "errors",
+        _req(prompt=TEXT, kv_transfer_params={"prompt_token_ids": IDS}),
+        deviation="kv_transfer_params",
     )
     add("prompt_logprobs with stream", "errors", _req(prompt=TEXT, prompt_logprobs=1, stream=True))
     add("logprobs over the maximum", "errors", _req(prompt=TEXT, logprobs=30))

@@ -8,19 +8,18 @@ import attrs
 import msgspec
 import pytest
 
-from braid.engine.base import SamplingParams
+from braid.engine.base import PassThrough, SamplingParams
 from braid.errors import InvalidRequest, SchemaError
 from braid.wire.completions_request import (
-    _UNSUPPORTED,
+    UNSUPPORTED_COMPLETIONS,
     CompletionBody,
     CompletionRequest,
-    Limits,
     TextPrompt,
     TokenPrompt,
-    decode_body,
     parse_prompts,
     parse_request,
 )
+from braid.wire.fields import UNSUPPORTED, Limits, decode_body
 from braid.wire.structured import GUIDED, Structured
 
 VOCAB = 259  # the scripted engine's vocabulary
@@ -77,7 +76,7 @@ def test_prompt_shapes(prompt: object, expected: tuple) -> None:
 # (type, param) of vLLM 0.32's answer to each bad prompt, as its server gave them (the parity
 # tier checks the same against the live server). Schema errors name pydantic's location of the
 # first failing union member (list[int]): the first element that is not a non-negative integer.
-BAD_PROMPTS = [
+BAD_PROMPTS: list[tuple[object, str, str | None]] = [
     ("", "BadRequestError", "prompt"),
     (None, "BadRequestError", "prompt"),
     (_MISSING, "BadRequestError", "prompt"),
@@ -343,7 +342,7 @@ def test_prompt_logprobs_with_stream_is_a_bad_request_error() -> None:
 
 def test_stream_options_without_stream_is_a_bad_request_error() -> None:
     for fields in ({"stream": False}, {}):
-        err = refuse(stream_options={"include_usage": True}, **fields)
+        err = refuse(fields, stream_options={"include_usage": True})
         assert not isinstance(err, SchemaError)
         assert (err.type, err.param) == ("BadRequestError", "stream_options")
         assert err.message == "Stream options can only be defined when `stream=True`."
@@ -446,17 +445,19 @@ def test_a_non_object_body_is_a_schema_error(body: bytes) -> None:
 NOT_SAMPLING = {
     "model", "prompt", "stream", "stream_options", "echo", "return_token_ids", "return_tokens_as_token_ids",
     "add_special_tokens", "truncate_prompt_tokens", "truncation_side", "request_id", "user", "priority",
-    "best_of", *_UNSUPPORTED,
+    "best_of", *UNSUPPORTED, *UNSUPPORTED_COMPLETIONS,
     # Structured output: read with structured_outputs into SamplingParams.structured_outputs.
     "response_format", *GUIDED,
 }  # fmt: skip
+PASSTHROUGH = set(PassThrough.__struct_fields__)
+SAMPLING = {field.name for field in attrs.fields(SamplingParams)} - {"passthrough"}
 
 
 def test_every_body_field_is_a_sampling_parameter_or_the_requests_own() -> None:
-    sampling = {field.name for field in attrs.fields(SamplingParams)}
     body = set(CompletionBody.__struct_fields__)
-    assert sampling <= body
-    assert body - sampling == NOT_SAMPLING
+    assert SAMPLING | PASSTHROUGH <= body
+    assert not SAMPLING & PASSTHROUGH
+    assert body - SAMPLING - PASSTHROUGH == NOT_SAMPLING
 
 
 def test_every_sampling_field_of_the_body_reaches_the_engine_params() -> None:
@@ -468,12 +469,24 @@ def test_every_sampling_field_of_the_body_reaches_the_engine_params() -> None:
         "logit_bias": {"5": 1.0, "6": -2.0}, "allowed_token_ids": [5, 6], "bad_words": ["no"],
         "structured_outputs": {"choice": ["yes", "no"]},
     }  # fmt: skip
-    assert set(sent) == {field.name for field in attrs.fields(SamplingParams)}
-    got = parse(**sent).sampling
+    assert set(sent) == SAMPLING | PASSTHROUGH
+    got = parse(sent).sampling
     converted = {"logit_bias": ((5, 1.0), (6, -2.0)), "structured_outputs": Structured(choice=("yes", "no"))}
-    assert attrs.asdict(got, recurse=False) == {
-        name: converted.get(name, tuple(value) if isinstance(value, list) else value) for name, value in sent.items()
-    }
+
+    def expected(names: set[str]) -> dict[str, object]:
+        return {name: converted.get(name, tuple(v) if isinstance(v := sent[name], list) else v) for name in names}
+
+    assert {k: v for k, v in attrs.asdict(got, recurse=False).items() if k != "passthrough"} == expected(SAMPLING)
+    assert msgspec.structs.asdict(got.passthrough) == expected(PASSTHROUGH)
+
+
+def test_pass_through_fields_left_out_stay_none_for_the_engines_default() -> None:
+    assert parse().sampling.passthrough == PassThrough()
+    assert parse(top_k=None, min_p=None, bad_words=None).sampling.passthrough == PassThrough()
+    assert [name for name, value in msgspec.structs.asdict(PassThrough()).items() if value is not None] == [
+        "skip_special_tokens",  # vLLM's server takes no null for these two: their defaults are vLLM's
+        "spaces_between_special_tokens",
+    ]
 
 
 def test_unknown_fields_are_ignored() -> None:

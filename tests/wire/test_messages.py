@@ -8,15 +8,15 @@ import pytest
 
 from braid.engine.scripted import ByteTokenizer
 from braid.errors import InvalidRequest, SchemaError
-from braid.wire.chat_request import parse_chat
-from braid.wire.completions_request import Limits
+from braid.wire.chat_request import ChatRequest, parse_chat
+from braid.wire.fields import Limits
 from braid.wire.messages import Message, TemplateOptions, echo_text, parse_messages, render, response_role
 
 LIMITS = Limits(vocab_size=259, max_logprobs=20)
 USER = [{"role": "user", "content": "Hi"}]
 
 
-def chat(body: dict, *, batch: bool = False, trust: bool = False) -> object:
+def chat(body: dict, *, batch: bool = False, trust: bool = False) -> ChatRequest:
     return parse_chat(json.dumps(body).encode(), LIMITS, max_model_len=2048, batch=batch, trust_template=trust)
 
 
@@ -45,10 +45,10 @@ def test_text_parts_are_joined_by_newlines_and_none_content_is_kept() -> None:
         ([{"role": "user", "content": [{"type": "text"}]}], SchemaError),
     ],
 )
-def test_what_is_not_a_conversation_is_a_400(messages: object, error: type[Exception]) -> None:
+def test_what_is_not_a_conversation_is_a_400(messages: object, error: type[InvalidRequest]) -> None:
     with pytest.raises(error) as exc:
         parse_messages(messages)
-    assert exc.value.status == 400  # type: ignore[attr-defined]
+    assert exc.value.status == 400
 
 
 def test_the_scripted_template_and_the_reply_role() -> None:
@@ -71,25 +71,25 @@ def test_both_template_flags_are_a_400() -> None:
 
 def test_chat_defaults_differ_from_completions() -> None:
     req = chat({"messages": USER})
-    assert req.body.add_special_tokens is False  # type: ignore[attr-defined]
-    assert req.body.max_tokens == 2048  # the context's room: the plan shrinks it per prompt  # type: ignore[attr-defined]
+    assert req.body.add_special_tokens is False
+    assert req.body.max_tokens == 2048  # the context's room: the plan shrinks it per prompt
     req = chat({"messages": USER, "max_tokens": 7, "max_completion_tokens": 3})
-    assert req.body.max_tokens == 3  # type: ignore[attr-defined]
+    assert req.body.max_tokens == 3
 
 
 def test_echo_asks_for_the_prompts_logprobs_at_top_logprobs() -> None:
-    assert chat({"messages": USER, "echo": True}).body.prompt_logprobs == 0  # type: ignore[attr-defined]
+    assert chat({"messages": USER, "echo": True}).body.prompt_logprobs == 0
     req = chat({"messages": USER, "echo": True, "stream": True, "logprobs": True, "top_logprobs": 2})
-    assert req.body.prompt_logprobs == 2  # type: ignore[attr-defined]
-    assert chat({"messages": USER, "top_logprobs": 0}).body.prompt_logprobs is None  # type: ignore[attr-defined]
+    assert req.body.prompt_logprobs == 2
+    assert chat({"messages": USER, "top_logprobs": 0}).body.prompt_logprobs is None
 
 
 def test_logprobs_is_a_flag_and_top_logprobs_the_count() -> None:
     req = chat({"messages": USER, "logprobs": True, "top_logprobs": 3})
-    assert (req.logprobs, req.top_logprobs, req.body.logprobs) == (True, 3, 3)  # type: ignore[attr-defined]
+    assert (req.logprobs, req.top_logprobs, req.body.logprobs) == (True, 3, 3)
     req = chat({"messages": USER, "logprobs": True})
-    assert (req.logprobs, req.body.logprobs) == (True, 0)  # type: ignore[attr-defined]
-    assert chat({"messages": USER}).body.logprobs is None  # type: ignore[attr-defined]
+    assert (req.logprobs, req.body.logprobs) == (True, 0)
+    assert chat({"messages": USER}).body.logprobs is None
 
 
 @pytest.mark.parametrize(
@@ -120,12 +120,12 @@ def test_chat_rules_are_400s_naming_the_field(body: dict, param: str | None) -> 
 def test_tools_pass_with_tool_choice_none_and_a_trusted_template_passes() -> None:
     tools = [{"type": "function", "function": {"name": "f"}}]
     chat({"messages": USER, "tools": tools, "tool_choice": "none"})
-    assert chat({"messages": USER, "chat_template": "{{ 1 }}"}, trust=True).template.chat_template == "{{ 1 }}"  # type: ignore[attr-defined]
+    assert chat({"messages": USER, "chat_template": "{{ 1 }}"}, trust=True).template.chat_template == "{{ 1 }}"
 
 
 def test_the_batch_route_takes_a_list_of_conversations() -> None:
     req = chat({"messages": [USER, [{"role": "user", "content": "x"}]], "n": 2, "temperature": 1}, batch=True)
-    assert len(req.conversations) == 2 and req.batch  # type: ignore[attr-defined]
+    assert len(req.conversations) == 2 and req.batch
     with pytest.raises(InvalidRequest):
         chat({"messages": []}, batch=True)
     with pytest.raises(InvalidRequest, match=r"messages\[1\]"):

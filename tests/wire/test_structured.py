@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from braid.errors import InvalidRequest, SchemaError
-from braid.wire.completions_request import Limits, parse_request
+from braid.wire.completions_request import parse_request
+from braid.wire.fields import Limits
 from braid.wire.structured import GUIDED, KINDS, MAX_JSON_NESTING, Structured, structured_from
 
 SCHEMA = {"type": "object", "properties": {"c": {"enum": ["red", "green"]}}, "additionalProperties": False}

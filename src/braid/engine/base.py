@@ -57,6 +57,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
+import msgspec
 
 from braid.errors import BraidError, InvalidRequest
 from braid.wire.structured import Structured
@@ -86,22 +87,61 @@ class ModelInfo:
     (``braid.stream.admit``'s reserve); the rest is what the operator asked for."""
 
 
+class PassThrough(msgspec.Struct, frozen=True):
+    """The sampling fields braid passes to the engine as the client sent them: each is declared
+    here, once, and nowhere else.
+
+    The one declaration makes the field part of the request body (the wire body,
+    :class:`braid.wire.fields.SamplingBody`, inherits this Struct: the field is decoded with this
+    type, strictly, and described in the OpenAPI document), of the validated request
+    (:class:`SamplingParams` carries the decoded values as ``passthrough``), and of the engine's
+    parameters (:func:`braid.engine.vllm_common.vllm_sampling_params` passes each field that is
+    not ``None`` to vLLM's ``SamplingParams`` under its own name; ``None``, the client's ``null``
+    or an absent field, leaves vLLM's default).
+
+    To add a pass-through field:
+
+    1. declare it below under vLLM's name, with the type the body takes (a JSON array as a
+       ``tuple``), nullable with a ``None`` default, or with vLLM's default if vLLM's server does
+       not take ``null`` for it;
+    2. if braid bounds its value beyond its type (a range, a length cap), add the check to
+       :func:`braid.wire.fields.check_fields`, naming the field as ``param``.
+
+    That is all: tests/engine/test_vllm_common.py checks that every sampling field of the body
+    reaches vLLM's ``SamplingParams``. A field braid reads itself (the scripted engine, the
+    plan), or whose wire form differs from vLLM's, is not a pass-through one: it goes in
+    :class:`SamplingParams` and in the body, converted by :func:`braid.wire.fields.sampling_params`
+    and, if need be, by :func:`~braid.engine.vllm_common.vllm_sampling_params`.
+
+    The scripted engine accepts these fields and ignores them.
+    """
+
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    allowed_token_ids: tuple[int, ...] | None = None
+    bad_words: tuple[str, ...] | None = None
+
+
 @attrs.frozen
 class SamplingParams:
     """What the engine samples with. Validated by braid before it reaches any engine.
 
-    The one declaration of the sampling fields: :func:`braid.wire.completions_request.parse_request` fills each
-    from the body field of the same name (absent or null: the default here), and the vLLM engine
-    passes each to vLLM's ``SamplingParams`` under the same name. A new field that passes straight
-    through is declared here and in the request's wire schema, and nowhere else.
+    The fields braid reads or converts itself, and ``passthrough``: the fields it hands on as they
+    came (:class:`PassThrough`, where a new plain field is declared). Each field here is filled
+    by :func:`braid.wire.fields.sampling_params` from the body field of the same name (absent or
+    null: the default here; the fields whose wire form differs are converted there), and reaches
+    vLLM's ``SamplingParams`` under its own name (:func:`braid.engine.vllm_common.vllm_sampling_params`).
     """
 
     max_tokens: int = attrs.field(validator=attrs.validators.ge(1))
     n: int = attrs.field(default=1, validator=attrs.validators.ge(1))
     temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
@@ -110,17 +150,12 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
     logit_bias: tuple[tuple[int, float], ...] | None = None
-    allowed_token_ids: tuple[int, ...] | None = None
-    bad_words: tuple[str, ...] | None = None
     structured_outputs: Structured | None = None
     """The output's constraint (:mod:`braid.wire.structured`), from ``structured_outputs``,
     ``response_format`` or the deprecated ``guided_*`` fields; vLLM's field of the same name."""
+    passthrough: PassThrough = attrs.field(factory=PassThrough)
+    """The fields passed to the engine as the client sent them."""
 
 
 @attrs.frozen

@@ -14,6 +14,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequen
 from typing import Any
 
 import attrs
+import msgspec
 import trio
 
 from braid.engine.base import ChoiceDelta, EngineOutput, EngineRequest, Logprob, SamplingParams, TopLogprobs
@@ -237,20 +238,33 @@ def vllm_structured(s: Structured) -> Any:
     return StructuredOutputsParams(**kwargs)
 
 
+_CONVERT: dict[str, Callable[[Any], Any]] = {
+    "logit_bias": dict,  # ((token id, bias), ...) -> {token id: bias}
+    "structured_outputs": vllm_structured,
+}
+"""The fields of :class:`SamplingParams` whose vLLM form differs from braid's (a tuple needs no
+entry: it becomes a list), when they are not ``None``."""
+
+
 def vllm_sampling_params(params_cls: Any, kind: Any, p: SamplingParams, *, final_only: bool = False) -> Any:
     """braid's validated SamplingParams -> vLLM's (``kind`` is vLLM's RequestOutputKind).
 
-    Every field goes to vLLM under its own name; braid's tuples become the lists (``logit_bias``:
-    the dict) that vLLM's checks expect, and the constraint vLLM's ``StructuredOutputsParams``.
+    Every field goes to vLLM under its own name: each field of ``p`` but ``passthrough``, and each
+    field of ``p.passthrough`` (:class:`~braid.engine.base.PassThrough`) that is not ``None``
+    (``None`` leaves vLLM's default). A tuple becomes the list vLLM's checks expect; the fields
+    of ``_CONVERT`` take vLLM's form.
     """
     kwargs = attrs.asdict(p, recurse=False)
+    passthrough = kwargs.pop("passthrough")
+    kwargs.update((name, value) for name, value in msgspec.structs.asdict(passthrough).items() if value is not None)
     for name, value in kwargs.items():
-        if isinstance(value, tuple):
+        if value is None:
+            continue
+        convert = _CONVERT.get(name)
+        if convert is not None:
+            kwargs[name] = convert(value)
+        elif isinstance(value, tuple):
             kwargs[name] = list(value)
-    if p.logit_bias is not None:
-        kwargs["logit_bias"] = dict(p.logit_bias)
-    if p.structured_outputs is not None:
-        kwargs["structured_outputs"] = vllm_structured(p.structured_outputs)
     # FINAL_ONLY for a non-streaming response, as vLLM's own server does: one output per
     # request instead of one per step, each of which crosses to the Trio thread.
     return params_cls(**kwargs, output_kind=kind.FINAL_ONLY if final_only else kind.DELTA)

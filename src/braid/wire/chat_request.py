@@ -3,8 +3,9 @@
 A chat request is a completions request whose prompts are rendered from messages. So the body is
 decoded by msgspec in strict mode into :class:`ChatBody`, the chat-only rules are checked here
 (messages, template flags, ``logprobs``/``top_logprobs``, tools), and its sampling fields are
-carried over into a :class:`~braid.wire.completions_request.CompletionBody` that the completions checks and
-:func:`~braid.wire.completions_request.build_request` take as they are: one set of sampling rules for both routes.
+carried over into a :class:`~braid.wire.completions_request.CompletionBody` that the shared checks
+(:func:`braid.wire.fields.check_fields`) and :func:`~braid.wire.completions_request.build_request`
+take as they are: one set of sampling rules for both routes.
 The prompts are rendered later, by the view (:func:`braid.wire.messages.render`), because the template
 belongs to the engine's tokenizer.
 
@@ -24,21 +25,13 @@ import attrs
 import msgspec
 
 from braid.errors import InvalidRequest, SchemaError
-from braid.wire.completions_request import (
-    INT64_MAX,
-    INT64_MIN,
-    CompletionBody,
-    Limits,
-    SamplingBody,
-    _check_fields,
-    decode_body,
-    structured_of,
-)
+from braid.wire.completions_request import CompletionBody
+from braid.wire.fields import INT64_MAX, INT64_MIN, Limits, SamplingBody, check_fields, decode_body, structured_of
 from braid.wire.messages import Message, TemplateOptions, parse_messages
 from braid.wire.structured import Structured
 
 
-class ChatBody(SamplingBody):
+class ChatBody(SamplingBody, frozen=True):
     """The body of ``POST /v1/chat/completions`` (``messages``: one conversation) and of its batch
     route (``messages``: a list of conversations): the shared fields and chat's own."""
 
@@ -170,7 +163,7 @@ def parse_chat(
         logprobs=top if b.logprobs else None,
         add_special_tokens=b.add_special_tokens,  # chat's default is false
     )
-    _check_fields(carried, limits)
+    check_fields(carried, limits, logprobs=carried.logprobs)
     if b.echo and b.prompt_logprobs is None:
         # vLLM's chat: echo reports the prompt's logprobs, at top_logprobs (0: the prompt token
         # alone), even in a stream (which does not show them); after the checks, as vLLM's

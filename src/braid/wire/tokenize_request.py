@@ -32,7 +32,7 @@ import attrs
 import msgspec
 
 from braid.errors import InvalidRequest, ModelNotFound, SchemaError
-from braid.wire.completions_request import INT64_MAX, decode_body
+from braid.wire.fields import INT64_MAX, decode_body
 from braid.wire.messages import Message, TemplateOptions, parse_messages
 
 DETOKENIZE_CONTEXTS = 4
