@@ -44,7 +44,7 @@ import httpx
 
 from bench.apps.proc import cpu_seconds, free_port, server
 from bench.common import Section, Target, table
-from braid.http.body import GATHER_ROUNDS
+from braid.routes.body import GATHER_ROUNDS
 
 SERVER_CPU = 0
 LOAD_CPU = 1
@@ -207,7 +207,7 @@ def _category(frame: str) -> str | None:
             return "braid: render / encode / merge"
         if name == "engine/scripted.py":
             return "braid: scripted engine"
-        if name in ("run.py", "http/body.py"):
+        if name in ("run.py", "routes/body.py"):
             return "braid: run + stream body (channels, tasks)"
         return "braid: view, request parsing, plan"
     if "/trio/" in p:
@@ -242,7 +242,7 @@ PHASES = (
     ),
     (
         "… braid `CompletionStream.__anext__` (channel receive + merge)",
-        "CompletionStream.__anext__ (braid/http/body.py)",
+        "CompletionStream.__anext__ (braid/routes/body.py)",
     ),
     ("… … braid `StreamMerger.feed` (render + encode)", "StreamMerger.feed (braid/merge.py)"),
     ("braid drivers (`CompletionRun._drive`), engine included", "CompletionRun._drive (braid/run.py)"),
@@ -637,7 +637,7 @@ def _section(
             f"braid made **{prof.sends_per_response:.1f} ASGI body sends per response** ({prof.responses:,} responses, "
             f"counted in the profile run below; the last one is quart's empty end-of-body). The scripted engine (zero delay: "
             "lockstep with its reader) yields to the scheduler after every token; braid's body gathers what the drivers add for up to "
-            f"{GATHER_ROUNDS} scheduler rounds (`braid.http.body`), and a round that runs the body before the "
+            f"{GATHER_ROUNDS} scheduler rounds (`braid.routes.body`), and a round that runs the body before the "
             "driver ends the gathering early (trio orders each round at random). From the bare app on the fast "
             f"send, one extra body send costs ≈ {send_us:,.0f} µs of CPU, so "
             f"braid's extra sends account for ≈ {sends_us:,.0f} µs of its {braid.cpu_us_per_request:,.0f} µs per "
@@ -699,7 +699,7 @@ def _section(
     )
     # The issue names one bare app; it has two honest readings, so both are reported: the same
     # send pattern as an event-by-event stream, and the stack's limit for these bytes.
-    targets = (
+    targets: tuple[Target, ...] = (
         Target(
             "front-end ceiling: braid / bare hypercorn-trio (one send per event), streaming req/s",
             round(r_event, 3),

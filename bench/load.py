@@ -474,7 +474,7 @@ def _describe(cfg: LoadConfig) -> str:
     )
 
 
-CONFIGS = (
+CONFIGS: tuple[tuple[str, list[str]], ...] = (
     ("hypercorn's accept (backlog 100, one per round)", ["--backlog", "100", "--accept-batch", "1"]),
     ("backlog 2048, one per round", ["--accept-batch", "1"]),
     ("braid (backlog 2048, batched accept)", []),

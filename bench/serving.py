@@ -313,7 +313,7 @@ def run(quick: bool) -> Section:
     r_ttft = b64["p50_ttft_ms"] / v64["p50_ttft_ms"]
     r_tp1 = b1["output_throughput"] / v1["output_throughput"]
     r_ttft1 = b1["p50_ttft_ms"] / v1["p50_ttft_ms"]
-    targets = (
+    targets: tuple[Target, ...] = (
         Target(
             "served (braid) / offline output tok/s at concurrency 64",
             r_off,

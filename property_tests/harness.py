@@ -1,7 +1,7 @@
 """Drive the real server code with a scenario and record a trace for the model (model/stream.py).
 
-What is real: the completions view the app serves (``braid.routes.common.completions``: validation,
-limits, tokenizing, planning, ids) or its chat view (``braid.routes.common.chat_completions``, on the
+What is real: the completions view the app serves (``braid.routes.completions.completions``: validation,
+limits, tokenizing, planning, ids) or its chat view (``braid.routes.chat.chat_completions``, on the
 single or the batch route: chat validation and the chat template, then the same path), the
 nursery run (``CompletionRun``), the merger (``StreamMerger`` / ``ResponseCollector``, or
 ``ChatStreamMerger`` / ``ChatResponseCollector``), the SSE body (``CompletionStream``, driven exactly as
@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextvars
 import itertools
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -33,10 +33,12 @@ from braid.engine.base import Deliver, EngineOutput, EngineRequest, FailureHandl
 from braid.engine.scripted import ScriptedEngine
 from braid.errors import BraidError, EngineError, EngineRejected
 from braid.metrics import Metrics
-from braid.routes.common import AppState, JsonResponse, chat_completions, completions
+from braid.routes.chat import chat_completions
+from braid.routes.common import AppState, JsonResponse
+from braid.routes.completions import completions
 from braid.settings import Settings
 from braid.stream.admit import Admission, Ticket
-from braid.wire.completions_response import error_body
+from braid.wire.output import error_body
 from model.stream import parse_sse
 
 METRICS = Metrics()  # values are irrelevant here; one registry avoids re-registering per example
@@ -310,7 +312,7 @@ class RecordingEngine:
     @staticmethod
     async def _timed(
         outputs: AsyncIterator[EngineOutput], rec: Recorder, prompt: int, pattern: tuple[float, ...]
-    ) -> AsyncIterator[EngineOutput]:
+    ) -> AsyncGenerator[EngineOutput, None]:
         step = 0
         async for out in outputs:
             extra = pattern[step % len(pattern)] if pattern else 0.0
@@ -373,8 +375,8 @@ def _error_response(exc: BaseException) -> JsonResponse:
 async def _respond(engine: RecordingEngine, rec: Recorder, rid: str, admission: Admission) -> None:
     """The app's completions or chat route, from the body bytes to the last byte of the response.
 
-    The view is the production one (:func:`braid.routes.common.completions`, or
-    :func:`braid.routes.common.chat_completions` for a chat scenario, on its single or batch route);
+    The view is the production one (:func:`braid.routes.completions.completions`, or
+    :func:`braid.routes.chat.chat_completions` for a chat scenario, on its single or batch route);
     its ids come from ``rid`` (``cmpl-...`` or ``chatcmpl-...``), the prefix of the engine request
     ids that ``engine`` records under.
     """

@@ -25,12 +25,15 @@ from braid.engine.base import EngineOutput
 from braid.engine.scripted import VOCAB_SIZE, ByteTokenizer, ScriptedEngine
 from braid.http.app import BraidApp, create_app
 from braid.http.server import ServerConfig, serve
+from braid.routes import completions
 from braid.settings import Settings
-from braid.stream.merge import Phase, ResponseCollector, StreamMerger
+from braid.stream.heartbeat import TICK, Tick
+from braid.stream.merge import Phase
 from braid.stream.plan import Plan, make_plan
 from braid.stream.run import Arrival
 from braid.stream.tokenize import INLINE_CHARS
-from braid.wire.completions_request import Limits, parse_request
+from braid.wire.completions_request import parse_request
+from braid.wire.fields import Limits
 from tools.servers import ServerProcess
 
 # --- SSE ------------------------------------------------------------------------------------------
@@ -93,8 +96,11 @@ class LiveServer:
         """Wait until no engine request is in flight; return how long that took (fails past ``within``)."""
         start = trio.current_time()
         with trio.move_on_after(within):
-            while self.engine.in_flight or self.gauge("braid_engine_requests_in_flight"):
-                await trio.sleep(0.002)
+            # The gauge falls in the same step as the engine's count (braid.stream.run), so
+            # waking at the engine's changes sees both.
+            await self.engine.wait_until(
+                lambda: not self.engine.in_flight and not self.gauge("braid_engine_requests_in_flight")
+            )
             return trio.current_time() - start
         pytest.fail(
             f"engine requests still in flight after {within} s: engine={self.engine.in_flight} "
@@ -222,6 +228,13 @@ def plan_for(engine: ScriptedEngine, body: bytes) -> Plan:
     return make_plan(req, engine.info, engine.tokenizer, request_id="cmpl-t", created=0)
 
 
+def arrivals(batch: list[Arrival | Tick]) -> list[Arrival]:
+    """A batch of a run with no heartbeat, as the outputs it holds (checked: no tick among them)."""
+    outputs = [a for a in batch if a is not TICK]
+    assert len(outputs) == len(batch), "a heartbeat tick from a run without a heartbeat"
+    return outputs
+
+
 class RecordingTokenizer(ByteTokenizer):
     """Notes which thread each encode ran on, and how many encode_many calls overlapped."""
 
@@ -307,10 +320,10 @@ def interleave(per_prompt: list[list[EngineOutput]], seed: int) -> list[list[Arr
     return batches
 
 
-async def run_stream(body: dict, seed: int = 0) -> tuple[Plan, list[list[EngineOutput]], list[object]]:
+async def run_stream(body: dict, seed: int = 0) -> tuple[Plan, list[list[EngineOutput]], list[Any]]:
     plan = make(body, stream=True)
     per_prompt = await generate(plan)
-    merger = StreamMerger(plan, TOK)
+    merger = completions.merger(plan, TOK)
     raw = b"".join(merger.feed(batch) for batch in interleave(per_prompt, seed)) + merger.finish()
     assert merger.phase is Phase.DONE and raw.endswith(b"\n\n")
     return plan, per_prompt, parse_sse(raw)
@@ -319,7 +332,7 @@ async def run_stream(body: dict, seed: int = 0) -> tuple[Plan, list[list[EngineO
 async def run_whole(body: dict, seed: int = 0) -> tuple[Plan, list[list[EngineOutput]], dict]:
     plan = make(body, stream=False)
     per_prompt = await generate(plan)
-    collector = ResponseCollector(plan, TOK)
+    collector = completions.collector(plan, TOK)
     for batch in interleave(per_prompt, seed):
         collector.feed(batch)
     return plan, per_prompt, json.loads(collector.body())
@@ -371,6 +384,7 @@ def cumulative_offsets(tokens: list[str], start: int = 0) -> list[int]:
 
 
 def check_logprobs_entries(lp: dict, plan: Plan) -> None:
+    assert plan.logprobs is not None  # the entries are there only when asked for
     assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"])
     for tok, logprob, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], strict=True):
         assert (logprob is None) == (top is None)

@@ -4,8 +4,9 @@
 sends the whole stream in one body send, ``POST /json`` returns the non-streaming body (one
 send, with Content-Length). Every route reads the request body first. hypercorn is configured
 as ``braid.http.server`` configures it (same keep-alive, no access log). With ``--fast-send`` it serves
-through braid's send path (the direct socket write of :mod:`braid.http.patches.fast_send` and the body
-framing of :mod:`braid.http.patches.h11_body`), the stack braid itself runs on.
+with every patch of :mod:`braid.http.patches` installed (the direct socket write of
+:mod:`braid.http.patches.fast_send`, the body framing of :mod:`braid.http.patches.h11_body`, ...),
+the stack braid itself runs on.
 
 Run: python -m bench.apps.bare_hypercorn --port P --stream FILE --json FILE [--fast-send]
 """
@@ -17,8 +18,7 @@ import hypercorn.trio
 import trio
 
 from bench.apps import payload_from_argv
-from braid.http.patches.fast_send import fast_send
-from braid.http.patches.h11_body import direct_body
+from braid.http.patches import PatchOptions, installed
 
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -69,7 +69,8 @@ def main() -> None:
     config.bind = [f"127.0.0.1:{port}"]
     config.keep_alive_timeout = 75.0
     config.accesslog = None
-    with fast_send("--fast-send" in switches), direct_body("--fast-send" in switches):
+    # --fast-send: every patch braid serves with; without: hypercorn as it is.
+    with installed(PatchOptions() if "--fast-send" in switches else PatchOptions.only()):
         trio.run(hypercorn.trio.serve, make_app(events, body), config)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 import trio
 
@@ -55,7 +54,7 @@ def main() -> None:
 
     async def run() -> None:
         await serve(counter, ServerConfig(port=args.port))  # type: ignore[arg-type]
-        Path(args.stats).write_text(json.dumps(counter.counts))
+        await trio.Path(args.stats).write_text(json.dumps(counter.counts))
 
     trio.run(run)
 

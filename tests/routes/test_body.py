@@ -1,4 +1,4 @@
-"""CompletionStream (src/braid/http/body.py), driven the way quart drives a response body."""
+"""CompletionStream (src/braid/routes/body.py), driven the way quart drives a response body."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import trio
 
 from braid.engine.base import ChoiceDelta, EngineOutput, EngineRequest
 from braid.engine.scripted import ScriptedEngine
-from braid.http.body import GATHER_ROUNDS, CompletionStream, _gather
 from braid.metrics import Metrics
+from braid.routes import completions
+from braid.routes.body import GATHER_ROUNDS, CompletionStream, _gather
 from braid.settings import Settings
 from braid.stream.heartbeat import TICK, Heartbeat
-from braid.stream.merge import StreamMerger
 from braid.stream.run import CompletionRun
-from braid.wire.completions_response import HEARTBEAT
+from braid.wire.output import HEARTBEAT
 from tests.helpers import parse_sse, plan_for
 
 
@@ -37,7 +37,7 @@ async def test_ready_events_are_coalesced_into_one_send() -> None:
         + b', "max_tokens": 16, "ignore_eos": true, "stream": true}',
     )
     body = CompletionStream(
-        CompletionRun(engine, plan, Metrics(), Settings(heartbeat=15)), StreamMerger(plan, engine.tokenizer)
+        CompletionRun(engine, plan, Metrics(), Settings(heartbeat=15)), completions.merger(plan, engine.tokenizer)
     )
     sends = await _drain(body)
     events = parse_sse(b"".join(sends))
@@ -52,7 +52,7 @@ async def test_a_producer_faster_than_the_sends_is_sent_a_few_events_per_chunk()
     engine = ScriptedEngine(token_delay=0.0)
     plan = plan_for(engine, b'{"prompt": "x", "max_tokens": 64, "ignore_eos": true, "stream": true}')
     body = CompletionStream(
-        CompletionRun(engine, plan, Metrics(), Settings(heartbeat=15)), StreamMerger(plan, engine.tokenizer)
+        CompletionRun(engine, plan, Metrics(), Settings(heartbeat=15)), completions.merger(plan, engine.tokenizer)
     )
     sends = await _drain(body)
     per_chunk = [len(parse_sse(s)) for s in sends]
@@ -88,7 +88,7 @@ async def test_idle_stream_sends_one_event_per_send(autojump_clock: trio.testing
     engine = ScriptedEngine(token_delay=1.0)
     plan = plan_for(engine, b'{"prompt": "x", "max_tokens": 5, "ignore_eos": true, "stream": true}')
     body = CompletionStream(
-        CompletionRun(engine, plan, Metrics(), Settings(heartbeat=15)), StreamMerger(plan, engine.tokenizer)
+        CompletionRun(engine, plan, Metrics(), Settings(heartbeat=15)), completions.merger(plan, engine.tokenizer)
     )
     sends = await _drain(body)
     # 5 tokens, one per send; [DONE] rides with the last (the stream is over when its choice finishes)
@@ -99,7 +99,7 @@ async def test_cancelled_body_aborts_and_writes_nothing_more(autojump_clock: tri
     engine = ScriptedEngine(token_delay=0.1)
     plan = plan_for(engine, b'{"prompt": ["a","b","c"], "max_tokens": 100, "ignore_eos": true, "stream": true}')
     body = CompletionStream(
-        CompletionRun(engine, plan, Metrics(), Settings(heartbeat=15)), StreamMerger(plan, engine.tokenizer)
+        CompletionRun(engine, plan, Metrics(), Settings(heartbeat=15)), completions.merger(plan, engine.tokenizer)
     )
     sends: list[bytes] = []
     with trio.move_on_after(1.05):  # a client disconnect reaches the body as cancellation
@@ -116,7 +116,7 @@ async def test_an_idle_stream_pings_once_per_heartbeat_and_a_stale_tick_is_ignor
     engine = ScriptedEngine(token_delay=10.0)
     plan = plan_for(engine, b'{"prompt": "x", "max_tokens": 2, "ignore_eos": true, "stream": true}')
     run = CompletionRun(engine, plan, Metrics(), Settings(heartbeat=4))
-    body = CompletionStream(run, StreamMerger(plan, engine.tokenizer))
+    body = CompletionStream(run, completions.merger(plan, engine.tokenizer))
     sends: list[tuple[float, bytes]] = []
     async with body as b:
         await trio.testing.wait_all_tasks_blocked()  # the clock has started
@@ -134,7 +134,7 @@ async def test_a_finished_run_stops_its_heartbeat_clock(autojump_clock: trio.tes
     engine = ScriptedEngine(token_delay=0.0)
     plan = plan_for(engine, b'{"prompt": "x", "max_tokens": 3, "stream": true}')
     body = CompletionStream(
-        CompletionRun(engine, plan, Metrics(), Settings(heartbeat=1000)), StreamMerger(plan, engine.tokenizer)
+        CompletionRun(engine, plan, Metrics(), Settings(heartbeat=1000)), completions.merger(plan, engine.tokenizer)
     )
     with trio.fail_after(100):  # a clock that outlived the drivers would keep the run open
         await _drain(body)
@@ -162,7 +162,7 @@ async def test_an_output_that_encodes_to_nothing_does_not_restart_the_heartbeat(
 ) -> None:
     engine = EmptyDeltaEngine()
     plan = plan_for(engine, b'{"prompt": "x", "max_tokens": 1, "stream": true}')
-    merger = StreamMerger(plan, engine.tokenizer)
+    merger = completions.merger(plan, engine.tokenizer)
     body = CompletionStream(CompletionRun(engine, plan, Metrics(), Settings(heartbeat=10)), merger)
     sends: list[tuple[float, bytes]] = []
     async with body as b:
@@ -209,7 +209,7 @@ async def test_a_tick_that_comes_with_outputs_encoding_to_nothing_still_pings(
     empty = (0, EngineOutput(ids, (ChoiceDelta(0, "", ()),)))
     last = (0, EngineOutput(ids, (ChoiceDelta(0, "z", (90,), None, "length"),), finished=True))
     run = _TimedArrivals([(10, [TICK, empty]), (25, [last])], heartbeat=10)
-    body = CompletionStream(run, StreamMerger(plan, engine.tokenizer))  # type: ignore[arg-type]
+    body = CompletionStream(run, completions.merger(plan, engine.tokenizer))  # type: ignore[arg-type]
     sends = []
     async for data in body:
         sends.append((trio.current_time(), data))

@@ -1,4 +1,4 @@
-"""braid.routes.common.completions called directly: no quart, no sockets, one trio run per test."""
+"""braid.routes.completions.completions called directly: no quart, no sockets, one trio run per test."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import trio
 
 from braid.engine.base import EngineOutput, EngineRequest
 from braid.engine.scripted import ScriptedEngine
-from braid.http.body import CompletionStream
 from braid.metrics import Metrics
-from braid.routes.common import AppState, JsonResponse, completions
+from braid.routes.body import CompletionStream
+from braid.routes.common import AppState, JsonResponse
+from braid.routes.completions import completions
 from braid.settings import Settings
 from tests.helpers import aborts, parse_sse
 

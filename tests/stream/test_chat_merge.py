@@ -1,4 +1,5 @@
-"""braid.stream.chat_merge: chat's streamed and non-streamed bodies, fed by the real ScriptedEngine.
+"""Chat's output (braid.routes.chat's merger and collector: the shared braid.stream.merge over
+braid.wire.chat_response): chat's streamed and non-streamed bodies, fed by the real ScriptedEngine.
 
 Expected texts and token counts come from the engine's own outputs, never from braid's rendering.
 """
@@ -11,12 +12,13 @@ import pytest
 
 from braid.engine.scripted import ScriptedEngine
 from braid.errors import EngineError
-from braid.stream.chat_merge import ChatResponseCollector, ChatShape, ChatStreamMerger
+from braid.routes import chat as chat_route
 from braid.stream.merge import Phase, ProtocolViolation
 from braid.stream.plan import Plan, make_plan
 from braid.wire.chat_request import parse_chat
+from braid.wire.chat_response import ChatShape
 from braid.wire.completions_request import TextPrompt, build_request
-from braid.wire.messages import echo_text, render, response_role
+from braid.wire.messages import render
 from tests.helpers import LIMITS, TOK, generate, interleave, parse_sse
 
 USER = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
@@ -32,15 +34,13 @@ def chat_plan(body: dict, *, stream: bool, batch: bool = False) -> tuple[Plan, C
     texts = tuple(render(TOK, c, chat.template) for c in chat.conversations)
     req = build_request(chat.body, tuple(TextPrompt(t) for t in texts), LIMITS, chat.structured)
     plan = make_plan(req, engine.info, engine.tokenizer, request_id="chatcmpl-t", created=1)
-    roles = tuple(response_role(c, chat.template) for c in chat.conversations)
-    echo = tuple(echo_text(c, r) if chat.echo else "" for c, r in zip(chat.conversations, roles, strict=True))
-    return plan, ChatShape(roles, echo, chat.top_logprobs if chat.logprobs else None)
+    return plan, chat_route.chat_shape(chat)
 
 
 async def stream(body: dict, seed: int = 0, batch: bool = False) -> tuple[Plan, list, list]:
     plan, shape = chat_plan(body, stream=True, batch=batch)
     per_prompt = await generate(plan)
-    merger = ChatStreamMerger(plan, TOK, shape=shape)
+    merger = chat_route.merger(plan, TOK, shape)
     raw = b"".join(merger.feed(b) for b in interleave(per_prompt, seed)) + merger.finish()
     assert merger.phase is Phase.DONE
     return plan, per_prompt, parse_sse(raw)
@@ -49,7 +49,7 @@ async def stream(body: dict, seed: int = 0, batch: bool = False) -> tuple[Plan, 
 async def whole(body: dict, seed: int = 0, batch: bool = False) -> tuple[Plan, list, dict]:
     plan, shape = chat_plan(body, stream=False, batch=batch)
     per_prompt = await generate(plan)
-    collector = ChatResponseCollector(plan, TOK, shape)
+    collector = chat_route.collector(plan, TOK, shape)
     for b in interleave(per_prompt, seed):
         collector.feed(b)
     return plan, per_prompt, json.loads(collector.body())
@@ -168,7 +168,7 @@ async def test_continuous_usage_counts_per_choice() -> None:
 
 async def test_an_error_ends_the_stream_and_nothing_follows() -> None:
     plan, shape = chat_plan({"messages": USER, "max_tokens": 4}, stream=True)
-    merger = ChatStreamMerger(plan, TOK, shape=shape)
+    merger = chat_route.merger(plan, TOK, shape)
     raw = merger.fail(EngineError("boom"))
     assert parse_sse(raw)[-1] == "[DONE]" and b'"error"' in raw
     with pytest.raises(ProtocolViolation):

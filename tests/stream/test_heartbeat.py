@@ -33,7 +33,7 @@ async def test_a_wait_ends_with_none_after_a_whole_period(autojump_clock: trio.t
 
 async def test_a_stale_tick_is_not_a_ping(autojump_clock: trio.testing.MockClock) -> None:
     heartbeat = Heartbeat(5.0)
-    batches = [[TICK], ["late output"]]
+    batches: list[list[object]] = [[TICK], ["late output"]]
 
     async def receive() -> list[object]:
         await trio.sleep(1)

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from braid.engine.base import ChoiceDelta, EngineOutput
 from braid.engine.scripted import VOCAB_SIZE, ScriptedEngine
 from braid.errors import EngineError, InvalidRequest
-from braid.stream.merge import Phase, ProtocolViolation, ResponseCollector, StreamMerger
+from braid.routes import completions
+from braid.stream.merge import Phase, ProtocolViolation
 from braid.stream.plan import Plan, make_plan
 from braid.stream.run import Arrival
 from braid.wire.completions_request import parse_request
@@ -106,7 +107,7 @@ async def test_concurrent_prompts_in_true_arrival_order() -> None:
     body = {"prompt": [f"p{i}" for i in range(5)], "n": 2, "max_tokens": 6, "ignore_eos": True}
     plan = make(body, stream=True)
     engine = ScriptedEngine()
-    merger = StreamMerger(plan, TOK)
+    merger = completions.merger(plan, TOK)
     send, recv = trio.open_memory_channel[Arrival](0)
     raw = []
 
@@ -259,7 +260,7 @@ async def test_continuous_usage_on_every_chunk() -> None:
 async def test_finish_before_every_choice_finished_is_a_protocol_violation() -> None:
     plan = make({"prompt": ["a", "b"], "max_tokens": 4, "ignore_eos": True}, stream=True)
     per_prompt = await generate(plan)
-    merger = StreamMerger(plan, TOK)
+    merger = completions.merger(plan, TOK)
     with pytest.raises(ProtocolViolation):
         merger.finish()
     merger.feed([(0, o) for o in per_prompt[0]])  # prompt 0 done, prompt 1 not started
@@ -276,7 +277,7 @@ async def test_finish_before_every_choice_finished_is_a_protocol_violation() -> 
 async def test_nothing_is_accepted_after_done() -> None:
     plan = make({"prompt": "a", "max_tokens": 3, "stream_options": {"include_usage": True}}, stream=True)
     per_prompt = await generate(plan)
-    merger = StreamMerger(plan, TOK)
+    merger = completions.merger(plan, TOK)
     merger.feed([(0, o) for o in per_prompt[0]])
     assert merger.finish().endswith(b"data: [DONE]\n\n")
     assert merger.phase is Phase.DONE
@@ -295,7 +296,7 @@ async def test_fail_gives_an_error_event_then_done_and_nothing_after() -> None:
         {"prompt": ["a", "b"], "max_tokens": 6, "min_tokens": 2, "stream_options": {"include_usage": True}}, stream=True
     )
     per_prompt = await generate(plan)
-    merger = StreamMerger(plan, TOK)
+    merger = completions.merger(plan, TOK)
     partial = parse_sse(merger.feed([(0, per_prompt[0][0]), (1, per_prompt[1][0])]))
     assert len(partial) == 2
     err = InvalidRequest("Token id 999 is out of vocabulary", param="prompt")
@@ -315,7 +316,7 @@ async def test_fail_gives_an_error_event_then_done_and_nothing_after() -> None:
 
 async def test_fail_before_any_output() -> None:
     plan = make({"prompt": "a"}, stream=True)
-    merger = StreamMerger(plan, TOK)
+    merger = completions.merger(plan, TOK)
     events = parse_sse(merger.fail(EngineError("boom")))
     assert events == [
         {"error": {"message": "boom", "type": "InternalServerError", "param": None, "code": 500}},
@@ -326,7 +327,7 @@ async def test_fail_before_any_output() -> None:
 async def test_collector_needs_every_choice_finished() -> None:
     plan = make({"prompt": ["a", "b"], "max_tokens": 4, "ignore_eos": True}, stream=False)
     per_prompt = await generate(plan)
-    collector = ResponseCollector(plan, TOK)
+    collector = completions.collector(plan, TOK)
     with pytest.raises(ProtocolViolation):
         collector.body()
     collector.feed([(0, o) for o in per_prompt[0]] + [(1, o) for o in per_prompt[1][:-1]])
@@ -441,7 +442,7 @@ def test_property_stream_equals_non_stream(body: dict, seed: int) -> None:
 def _cached_outputs(plan: Plan) -> list[Arrival]:
     """Prompt 0 reports 16 cached tokens, then (its second choice) 32; prompt 1 reports 0 on
     every output; prompt 2 reports nothing."""
-    reports = {0: [16, 32], 1: [0, 0], 2: [None, None]}
+    reports: dict[int, list[int | None]] = {0: [16, 32], 1: [0, 0], 2: [None, None]}
     arrivals: list[Arrival] = []
     for item in plan.items:
         ids = item.request.prompt_token_ids
@@ -466,7 +467,7 @@ def _cached_plan(*, stream: bool, report: bool) -> Plan:
 
 def test_cached_tokens_are_summed_over_the_prompts_once_per_prompt() -> None:
     plan = _cached_plan(stream=False, report=True)
-    collector = ResponseCollector(plan, TOK)
+    collector = completions.collector(plan, TOK)
     collector.feed(_cached_outputs(plan))
     usage = json.loads(collector.body())["usage"]
     assert usage["prompt_tokens"] == 4 + 3 + 2
@@ -478,7 +479,7 @@ def test_cached_tokens_are_summed_over_the_prompts_once_per_prompt() -> None:
     }
 
     plan = _cached_plan(stream=True, report=True)
-    merger = StreamMerger(plan, TOK)
+    merger = completions.merger(plan, TOK)
     merger.feed(_cached_outputs(plan))
     final = parse_sse(merger.finish())[0]
     assert final["usage"] == {
@@ -491,18 +492,18 @@ def test_cached_tokens_are_summed_over_the_prompts_once_per_prompt() -> None:
 
 def test_cached_tokens_are_not_reported_unless_the_server_enables_them() -> None:
     plan = _cached_plan(stream=False, report=False)
-    collector = ResponseCollector(plan, TOK)
+    collector = completions.collector(plan, TOK)
     collector.feed(_cached_outputs(plan))
     assert json.loads(collector.body())["usage"]["prompt_tokens_details"] is None
     plan = _cached_plan(stream=True, report=False)
-    merger = StreamMerger(plan, TOK)
+    merger = completions.merger(plan, TOK)
     merger.feed(_cached_outputs(plan))
     assert "prompt_tokens_details" not in parse_sse(merger.finish())[0]["usage"]
 
 
 def test_cached_tokens_are_left_out_when_no_output_reports_them() -> None:
     plan = _cached_plan(stream=False, report=True)
-    collector = ResponseCollector(plan, TOK)
+    collector = completions.collector(plan, TOK)
     collector.feed(
         [(i, EngineOutput(o.prompt_token_ids, o.choices, o.finished, None, None)) for i, o in _cached_outputs(plan)]
     )

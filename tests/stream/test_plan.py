@@ -8,10 +8,11 @@ import attrs
 import pytest
 
 from braid.engine.base import ModelInfo
-from braid.engine.scripted import BOS, VOCAB_SIZE, ByteTokenizer, ScriptedEngine
+from braid.engine.scripted import BOS, EOS, VOCAB_SIZE, ByteTokenizer, ScriptedEngine
 from braid.errors import InvalidRequest
 from braid.stream.plan import Plan, make_plan
-from braid.wire.completions_request import Limits, parse_request
+from braid.wire.completions_request import parse_request
+from braid.wire.fields import Limits
 
 TOK = ByteTokenizer()
 INFO = ScriptedEngine().info
@@ -23,6 +24,10 @@ def ids_of(text: str) -> tuple[int, ...]:
 
 
 def plan(info: ModelInfo = INFO, request_id: str = "cmpl-abc", created: int = 1234, **body: object) -> Plan:
+    return plan_of(body, info, request_id, created)
+
+
+def plan_of(body: dict[str, object], info: ModelInfo = INFO, request_id: str = "cmpl-abc", created: int = 1234) -> Plan:
     body.setdefault("prompt", "hello")
     req = parse_request(json.dumps(body).encode(), Limits(vocab_size=info.vocab_size))
     return make_plan(req, info, TOK, request_id=request_id, created=created)
@@ -30,7 +35,7 @@ def plan(info: ModelInfo = INFO, request_id: str = "cmpl-abc", created: int = 12
 
 def refuse(info: ModelInfo = INFO, **body: object) -> InvalidRequest:
     with pytest.raises(InvalidRequest) as exc:
-        plan(info, **body)
+        plan_of(body, info)
     assert exc.value.status == 400
     return exc.value
 
@@ -97,7 +102,7 @@ def test_sampling_params_carry_the_request() -> None:
     assert (
         sp.max_tokens,
         sp.temperature,
-        sp.top_p,
+        sp.passthrough.top_p,
         sp.seed,
         sp.stop,
         sp.stop_token_ids,
@@ -199,7 +204,8 @@ def test_max_tokens_equal_to_max_model_len_is_accepted_and_shrunk() -> None:
     [
         ("hi there", "hi there"),
         ([[*ids_of("abc")]], "abc"),
-        ([BOS, *ids_of("yo")], "yo"),  # the special token is skipped, as by default in vLLM's decode
+        ([BOS, *ids_of("yo")], "<s>yo"),  # special tokens are echoed, as vLLM's renderer decodes the ids
+        ([BOS, BOS, BOS, BOS, BOS], "<s><s><s><s><s>"),
     ],
 )
 def test_echo_text(prompt: object, echo_text: str) -> None:
@@ -208,9 +214,21 @@ def test_echo_text(prompt: object, echo_text: str) -> None:
     assert plan(prompt=prompt).items[0].echo_text == ""
 
 
-def test_echo_text_of_token_prompt_with_special_tokens_shown() -> None:
-    p = plan(prompt=[BOS, *ids_of("yo")], echo=True, skip_special_tokens=False)
-    assert p.items[0].echo_text == "<s>yo"
+@pytest.mark.parametrize("skip", [True, False])
+def test_the_echo_of_token_ids_keeps_special_tokens_whatever_skip_special_tokens_says(skip: bool) -> None:
+    """vLLM decodes a token prompt for its echo with special tokens; ``skip_special_tokens`` is
+    the completion's. The echo's text then holds every token's text, as its text_offsets count."""
+    ids = [BOS, *ids_of("yo"), EOS, *ids_of("!")]
+    p = plan(prompt=ids, echo=True, skip_special_tokens=skip)
+    assert p.items[0].echo_text == "<s>yo</s>!" == "".join(TOK.token_text(t) for t in ids)
+    assert p.items[0].request.params.passthrough.skip_special_tokens is skip  # the completion's, unchanged
+
+
+def test_a_truncated_token_prompt_is_echoed_whole_as_sent() -> None:
+    """vLLM's renderer decodes the ids before it truncates them (a text is echoed as sent too)."""
+    p = plan(prompt=[*ids_of("abcd")], echo=True, truncate_prompt_tokens=2)
+    assert p.items[0].request.prompt_token_ids == ids_of("cd")
+    assert p.items[0].echo_text == "abcd"
 
 
 def test_echo_text_is_empty_with_return_token_ids() -> None:
@@ -253,7 +271,7 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens() -> None:
     ].request.prompt_token_ids == (ids_of("def"))
     q = plan(prompt=[[5, 6, 7, 8], [9]], truncate_prompt_tokens=3, echo=True)
     assert [it.request.prompt_token_ids for it in q.items] == [(6, 7, 8), (9,)]
-    assert [it.echo_text for it in q.items] == [TOK.decode((6, 7, 8)), TOK.decode((9,))]
+    assert [it.echo_text for it in q.items] == [TOK.decode((5, 6, 7, 8)), TOK.decode((9,))]  # as sent
 
 
 def test_truncate_prompt_tokens_longer_than_the_prompt_keeps_it_whole() -> None:

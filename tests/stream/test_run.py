@@ -12,8 +12,9 @@ from braid.settings import Settings
 from braid.stream.admit import Admission
 from braid.stream.plan import Plan, make_plan
 from braid.stream.run import CompletionRun
-from braid.wire.completions_request import Limits, parse_request
-from tests.helpers import aborts
+from braid.wire.completions_request import parse_request
+from braid.wire.fields import Limits
+from tests.helpers import aborts, arrivals
 
 
 def plan_for(engine: ScriptedEngine, body: bytes) -> Plan:
@@ -157,8 +158,7 @@ async def test_a_failure_aborts_siblings_while_every_driver_is_blocked(autojump_
     run = CompletionRun(engine, plan, metrics, Settings(buffer=1, stall_timeout=1000))
     async with run:
         with trio.fail_after(5):  # virtual seconds; prompt 2 fails at its 6th token, t = 0.06
-            while not engine.failed_total:
-                await trio.sleep(0.001)
+            await engine.wait_until(lambda: engine.failed_total > 0)
         failed_at.append(trio.current_time())
         await trio.testing.wait_all_tasks_blocked()
         # every driver was blocked long before prompt 2 failed (the channel holds one output)
@@ -219,7 +219,7 @@ async def test_a_batch_larger_than_the_slots_starts_progressively_in_prompt_orde
         async with CompletionRun(engine, plan, Metrics(), ticket=adm.admit()) as run:
             while True:
                 try:
-                    for idx, _ in await run.receive_ready():
+                    for idx, _ in arrivals(await run.receive_ready()):
                         first.setdefault(idx, trio.current_time())
                 except trio.EndOfChannel:
                     break

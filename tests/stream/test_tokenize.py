@@ -11,7 +11,8 @@ import trio
 
 from braid.engine.scripted import ByteTokenizer
 from braid.stream.tokenize import INLINE_CHARS, encode_prompts, text_prompts
-from braid.wire.completions_request import Limits, parse_request
+from braid.wire.completions_request import parse_request
+from braid.wire.fields import Limits
 from tests.helpers import RecordingTokenizer, big_batch
 
 TOK = ByteTokenizer()

@@ -15,10 +15,11 @@ import schemathesis
 import trio
 
 import braid
-from braid.http.app import ROUTES
+from braid.http.app import OPERATIONS, ROUTES
 from braid.settings import Settings
 from braid.wire import shapes as responses
-from braid.wire.completions_request import CompletionBody, Limits, parse_request
+from braid.wire.completions_request import CompletionBody, parse_request
+from braid.wire.fields import Limits
 from braid.wire.openapi import OPENAPI_VERSION, document
 from tests.helpers import LiveServer, start_server
 
@@ -27,7 +28,7 @@ async def test_the_served_document_has_every_route_of_the_app(client: httpx.Asyn
     r = await client.get("/openapi.json")
     assert r.status_code == 200 and r.headers["content-type"] == "application/json"
     doc = r.json()
-    assert doc == document(Settings(), braid.__version__)
+    assert doc == document(Settings(), braid.__version__, OPERATIONS)
     assert doc["openapi"] == OPENAPI_VERSION and doc["info"]["version"] == braid.__version__
     assert set(doc["paths"]) == ROUTES
     # every rule quart routes, with its methods (HEAD and OPTIONS come with GET and every rule)
@@ -41,11 +42,11 @@ async def test_the_served_document_has_every_route_of_the_app(client: httpx.Asyn
 @pytest.mark.parametrize("settings", [Settings(), Settings(api_keys=("k",), metrics_public=True)])
 def test_the_document_is_valid_openapi(settings: Settings) -> None:
     # against the OpenAPI 3.2 meta-schema, which schemathesis carries
-    schemathesis.openapi.from_dict(document(settings, "0")).validate()
+    schemathesis.openapi.from_dict(document(settings, "0", OPERATIONS)).validate()
 
 
 def test_the_request_schema_is_the_decoders() -> None:
-    body = document(Settings(), "0")["components"]["schemas"]["CompletionBody"]
+    body = document(Settings(), "0", OPERATIONS)["components"]["schemas"]["CompletionBody"]
     assert set(body["properties"]) == set(CompletionBody.__struct_fields__)
     assert body["required"] == ["prompt"] and "default" not in body["properties"]["prompt"]
     shapes = body["properties"]["prompt"]["anyOf"]
@@ -57,7 +58,7 @@ def test_the_request_schema_is_the_decoders() -> None:
 
 
 def test_the_examples_are_valid_requests() -> None:
-    examples = document(Settings(), "0")["paths"]["/v1/completions"]["post"]["requestBody"]["content"][
+    examples = document(Settings(), "0", OPERATIONS)["paths"]["/v1/completions"]["post"]["requestBody"]["content"][
         "application/json"
     ]["examples"]
     assert examples
@@ -70,20 +71,20 @@ def _statuses(doc: dict[str, Any], path: str, method: str = "get") -> set[int]:
 
 
 def test_security_follows_the_keys() -> None:
-    open_doc = document(Settings(), "0")
+    open_doc = document(Settings(), "0", OPERATIONS)
     scheme = {"type": "http", "scheme": "bearer"}
     assert open_doc["components"]["securitySchemes"]["bearer"].items() >= scheme.items()
     assert "security" not in open_doc
     assert all(401 not in _statuses(open_doc, p, m) for p, ops in open_doc["paths"].items() for m in ops)
 
-    keyed = document(Settings(api_keys=("k",)), "0")
+    keyed = document(Settings(api_keys=("k",)), "0", OPERATIONS)
     assert keyed["security"] == [{"bearer": []}]
     assert keyed["paths"]["/health"]["get"]["security"] == [] and 401 not in _statuses(keyed, "/health")
     for path in ROUTES - {"/health"}:
         (method,) = keyed["paths"][path]
         assert 401 in _statuses(keyed, path, method) and "security" not in keyed["paths"][path][method], path
 
-    public = document(Settings(api_keys=("k",), metrics_public=True), "0")
+    public = document(Settings(api_keys=("k",), metrics_public=True), "0", OPERATIONS)
     assert public["paths"]["/metrics"]["get"]["security"] == [] and 401 not in _statuses(public, "/metrics")
     assert 401 in _statuses(public, "/openapi.json")
 

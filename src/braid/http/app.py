@@ -1,8 +1,8 @@
 """The quart-trio app: routes and error rendering.
 
-The completions view is :func:`braid.routes.common.completions`, quart-free (the tokenize routes':
-:mod:`braid.routes.tokenize`); the route here reads the body (within the limits of
-:mod:`braid.http.limits`), calls it, and turns its answer into a quart ``Response`` (a JSON
+Every POST route is declared by its module in :mod:`braid.routes` (its path, its quart-free view,
+its OpenAPI entry) and served here the same way: the route reads the body (within the limits of
+:mod:`braid.http.limits`), calls the view, and turns its answer into a quart ``Response`` (a JSON
 body, or the ``CompletionStream`` as a ``text/event-stream`` body without quart's response
 timeout). The handlers below render what escapes a view: a :class:`~braid.errors.BraidError` as
 its JSON error, werkzeug's HTTP errors (e.g. an unknown route) in vLLM's format, anything else
@@ -17,69 +17,41 @@ import logging
 import time
 
 import msgspec
-import trio
 from quart import Response, request
 from quart_trio import QuartTrio
-from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException
 
 import braid
 from braid.engine.base import Engine
 from braid.errors import BraidError, error_payload
 from braid.http import access_log, auth, cors, counting, forwarded, limits
-from braid.http.body import CompletionStream
 from braid.metrics import Metrics
-from braid.routes import common as view
-from braid.routes import tokenize as tokenize_view
-from braid.routes.common import AppState, JsonResponse
+from braid.routes import chat, completions, tokenize
+from braid.routes.common import AppState, JsonResponse, Route, ViewResult, error_headers
 from braid.settings import Settings
 from braid.wire import openapi
 from braid.wire import shapes as responses
-from braid.wire.completions_response import error_body
+from braid.wire.output import error_body
 
 log = logging.getLogger("braid")
 
 
-class _KeepAliveSafeConnection(TrioASGIHTTPConnection):
-    """Shields the final body send, so hypercorn can re-arm its keep-alive timer.
-
-    Without it, quart-trio cancels the request nursery while hypercorn is still inside that send,
-    which cancels the idle-timer restart, and idle keep-alive connections are never closed.
-    """
-
-    async def __call__(self, receive, send):  # type: ignore[no-untyped-def]
-        async def send_final_shielded(message):  # type: ignore[no-untyped-def]
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                with trio.CancelScope(shield=True):
-                    await send(message)
-            else:
-                await send(message)
-
-        await super().__call__(receive, send_final_shielded)
-
-
 class BraidApp(QuartTrio):
-    asgi_http_class = _KeepAliveSafeConnection
+    # No asgi_http_class of its own: braid.http.patches.final_send replaces quart-trio's while a
+    # server runs, and BraidApp inherits it.
 
     @property
     def state(self) -> AppState:
         return self.extensions["braid"]
 
 
-ROUTES = frozenset(
-    {
-        "/v1/completions",
-        "/v1/chat/completions",
-        "/v1/chat/completions/batch",
-        "/tokenize",
-        "/detokenize",
-        "/v1/models",
-        "/health",
-        "/version",
-        "/metrics",
-        "/openapi.json",
-    }
-)
+POST_ROUTES: tuple[Route, ...] = (*completions.ROUTES, *chat.ROUTES, *tokenize.ROUTES)
+"""Every POST route of the API, each declared beside its view (its path, view and OpenAPI entry)."""
+
+OPERATIONS: tuple[openapi.Operation, ...] = (*(r.operation for r in POST_ROUTES), *openapi.SERVER_OPERATIONS)
+"""What ``GET /openapi.json`` documents: every route of the app."""
+
+ROUTES = frozenset(op.path for op in OPERATIONS)
 """The app's routes, the values of the ``route`` label of ``braid_http_responses_total``."""
 
 
@@ -87,7 +59,7 @@ def _json(body: bytes, status: int = 200, headers: tuple[tuple[str, str], ...] =
     return Response(body, status=status, mimetype="application/json", headers=dict(headers))
 
 
-def _answer(result: JsonResponse | CompletionStream, client_id: str | None) -> Response:
+def _answer(result: ViewResult, client_id: str | None) -> Response:
     """A view's answer as a quart response. X-Request-Id on every answer: the client's own, else
     the response's id (for a log line that a client's report can be matched to)."""
     if isinstance(result, JsonResponse):
@@ -107,6 +79,22 @@ def _answer(result: JsonResponse | CompletionStream, client_id: str | None) -> R
     )
     response.timeout = None  # quart's 60 s RESPONSE_TIMEOUT would cut long streams
     return response
+
+
+def _serve(app: BraidApp, state: AppState, route: Route) -> None:
+    """Serve ``route``: read its body within the limits, call its view, answer what it returns."""
+    view = route.view
+    settings = state.settings
+
+    async def read_body() -> bytes:
+        return await limits.read_body(request, settings)
+
+    async def handler() -> Response:
+        client_id = request.headers.get("X-Request-Id")
+        result = await view(state, read_body, content_type=request.headers.get("Content-Type"), request_id=client_id)
+        return _answer(result, client_id)
+
+    app.add_url_rule(route.path, route.path, handler, methods=["POST"])
 
 
 def create_app(engine: Engine, settings: Settings | None = None, metrics: Metrics | None = None) -> BraidApp:
@@ -130,7 +118,7 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
 
     @app.errorhandler(BraidError)
     async def _braid_error(err: BraidError) -> Response:
-        return _json(error_body(err), err.status, view.error_headers(err))
+        return _json(error_body(err), err.status, error_headers(err))
 
     @app.errorhandler(HTTPException)
     async def _http_error(err: HTTPException) -> Response:
@@ -146,50 +134,8 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
         log.exception("unexpected error", exc_info=err)
         return _json(error_body(BraidError("Internal server error")), 500)
 
-    @app.post("/v1/completions")
-    async def completions() -> Response:
-        async def read_body() -> bytes:
-            return await limits.read_body(request, settings)
-
-        client_id = request.headers.get("X-Request-Id")
-        result = await view.completions(
-            state,
-            read_body,
-            content_type=request.headers.get("Content-Type"),
-            request_id=client_id,
-        )
-        return _answer(result, client_id)
-
-    async def chat(batch: bool) -> Response:
-        async def read_body() -> bytes:
-            return await limits.read_body(request, settings)
-
-        client_id = request.headers.get("X-Request-Id")
-        result = await view.chat_completions(
-            state, read_body, content_type=request.headers.get("Content-Type"), request_id=client_id, batch=batch
-        )
-        return _answer(result, client_id)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions() -> Response:
-        return await chat(batch=False)
-
-    @app.post("/v1/chat/completions/batch")
-    async def chat_completions_batch() -> Response:
-        return await chat(batch=True)
-
-    async def read_body() -> bytes:
-        return await limits.read_body(request, settings)
-
-    @app.post("/tokenize")
-    async def tokenize() -> Response:
-        result = await tokenize_view.tokenize(state, read_body, content_type=request.headers.get("Content-Type"))
-        return _answer(result, request.headers.get("X-Request-Id"))
-
-    @app.post("/detokenize")
-    async def detokenize() -> Response:
-        result = await tokenize_view.detokenize(state, read_body, content_type=request.headers.get("Content-Type"))
-        return _answer(result, request.headers.get("X-Request-Id"))
+    for route in POST_ROUTES:
+        _serve(app, state, route)
 
     @app.get("/v1/models")
     async def models() -> Response:
@@ -219,7 +165,7 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
     async def metrics_view() -> Response:
         return Response(state.metrics.render(), mimetype="text/plain; version=0.0.4")
 
-    spec = openapi.encoded(settings, braid.__version__)
+    spec = openapi.encoded(settings, braid.__version__, OPERATIONS)
 
     @app.get("/openapi.json")
     async def openapi_view() -> Response:

@@ -22,18 +22,18 @@ import trio
 from quart.wrappers.response import ResponseBody
 
 from braid.errors import BraidError
-from braid.stream.chat_merge import ChatStreamMerger
 from braid.stream.heartbeat import TICK
 from braid.stream.merge import Phase, StreamMerger
-from braid.stream.run import Arrival, CompletionRun
-from braid.wire.completions_response import HEARTBEAT
+from braid.stream.plan import Arrival
+from braid.stream.run import CompletionRun
+from braid.wire.output import HEARTBEAT
 
 GATHER_ROUNDS = 4
 """At most this many scheduler rounds gather a chunk's events (see :func:`_gather`)."""
 
 
 class CompletionStream(ResponseBody):
-    def __init__(self, run: CompletionRun, merger: StreamMerger | ChatStreamMerger) -> None:
+    def __init__(self, run: CompletionRun, merger: StreamMerger) -> None:
         assert run.heartbeat is not None, "a stream's run has a heartbeat (a streaming plan)"
         self._run = run
         self._merger = merger

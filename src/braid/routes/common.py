@@ -1,14 +1,17 @@
-"""The completions view, without quart: request bytes and headers in, a response to send out.
+"""What every route's view shares, without quart: the app's state, the steps of the data path
+that do not depend on the route, and the declaration of a route.
 
-:func:`completions` is the whole data path of ``POST /v1/completions`` in order: validate
-(:mod:`braid.wire.completions_request`), tokenize (:mod:`braid.stream.tokenize`), plan (:mod:`braid.stream.plan`), run
-(:mod:`braid.stream.run`), merge (:mod:`braid.stream.merge`), encode (:mod:`braid.wire.completions_response`). The quart route in
-:mod:`braid.http.app` only reads the body, calls it, and wraps what it returns; the property suite
-(``property_tests/harness.py``) calls the same function on a virtual clock, so the suite tests the
-code that serves.
+A generating route's view (:mod:`braid.routes.completions`, :mod:`braid.routes.chat`) is its data
+path in order: :func:`admit` (before the body is read), validate (its ``braid.wire`` request
+module), :func:`plan` (tokenize and plan), :func:`open_run`, then :func:`stream` or :func:`collect`
+with the route's merger (:mod:`braid.stream.merge` over its ``braid.wire`` output module). The
+quart route in :mod:`braid.http.app` only reads the body, calls the view, and wraps what it
+returns; the property suite (``property_tests/harness.py``) calls the same views on a virtual
+clock, so the suite tests the code that serves.
 
-:class:`AppState` (what every request shares) lives here too, so that nothing on this path
-imports the quart app.
+:class:`AppState` (what every request shares) lives here, so that nothing on this path imports
+the quart app. :class:`Route` is what a route module declares: its path, its view and its
+OpenAPI operation; the app serves, counts and documents exactly the routes it is given.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import cast
+from typing import Protocol, cast
 
 import attrs
 import trio
@@ -32,19 +35,18 @@ from braid.errors import (
     ModelNotFound,
     SchemaError,
 )
-from braid.http.body import CompletionStream
 from braid.metrics import Metrics
+from braid.routes.body import CompletionStream
 from braid.settings import Settings
 from braid.stream.admit import Admission, Ticket, admission_for
-from braid.stream.chat_merge import ChatResponseCollector, ChatShape, ChatStreamMerger
 from braid.stream.merge import ResponseCollector, StreamMerger
-from braid.stream.plan import Plan, check_limits, make_plan
-from braid.stream.run import Arrival, CompletionRun
-from braid.stream.tokenize import encode_prompts, render_conversations
-from braid.wire.chat_request import parse_chat
-from braid.wire.completions_request import CompletionRequest, Limits, TextPrompt, build_request, parse_request
-from braid.wire.completions_response import error_body
-from braid.wire.messages import echo_text, response_role
+from braid.stream.plan import Arrival, Plan, check_limits, make_plan
+from braid.stream.run import CompletionRun
+from braid.stream.tokenize import encode_prompts
+from braid.wire.completions_request import CompletionRequest
+from braid.wire.fields import Limits
+from braid.wire.openapi import Operation
+from braid.wire.output import error_body
 
 DRAINING_RETRY_AFTER = 5
 """Seconds a client of a draining server is told to wait: behind a proxy its retry reaches a
@@ -106,115 +108,41 @@ class JsonResponse:
     headers: tuple[tuple[str, str], ...] = ()
 
 
-async def completions(
-    state: AppState, read_body: Callable[[], Awaitable[bytes]], *, content_type: str | None, request_id: str | None
-) -> JsonResponse | CompletionStream:
-    """Answer one completions request: a JSON response, or the stream to send as a 200.
-
-    ``content_type`` and ``request_id`` are the request's ``Content-Type`` and ``X-Request-Id``
-    headers (``None`` when absent). ``read_body()`` reads the request body; it is called only
-    after the checks that need no body (the content type, a draining server, a dead engine), so a
-    request refused by them costs no read.
-
-    * Every :class:`~braid.errors.BraidError` before a response is committed comes back as its
-      JSON error (status and vLLM's body): a body that is not JSON, an invalid or over-long
-      request (400), an unknown model (404), a full admission queue (429, decided before the
-      body is read), a draining server or dead engine (503), a request that used up its
-      ``request_timeout`` before its run (408). 429 and 503 carry ``Retry-After``. No engine
-      request has been opened by then, and the request's admission ticket is closed.
-    * A streaming request returns a :class:`CompletionStream`, not yet started: the caller sends
-      it as quart sends a ``ResponseBody`` (``async with stream: async for data in stream:``),
-      and its run opens in ``__aenter__``. Errors after that are SSE error events.
-    * A non-streaming request runs here, to the end (all or nothing): 200 with the body, or the
-      run's error (engine failure 500, late rejection 400) as its JSON error (leaving the run
-      raises the error itself, not a group around it).
-    * Cancellation (client gone, drain deadline) propagates after the run has aborted every
-      engine request it opened; it is never turned into a response.
-    * Anything else is a bug, raised as it is; the app answers it with a 500.
-    """
-    try:
-        return await _completions(state, read_body, content_type, request_id)
-    except BraidError as err:
-        return _error(err)
+ViewResult = JsonResponse | CompletionStream
+"""A view's answer: a whole JSON response, or a stream to send as a 200 (not yet started)."""
 
 
-async def _completions(
-    state: AppState, read_body: Callable[[], Awaitable[bytes]], content_type: str | None, request_id: str | None
-) -> JsonResponse | CompletionStream:
-    ticket, arrived, deadline = _admit(state, content_type, request_id)
-    try:
-        req = parse_request(await read_body(), state.limits)
-        plan = await _plan(state, req, request_id, deadline, "cmpl")
-    except BaseException:
-        ticket.close()
-        raise
-    tokenizer = state.engine.tokenizer
-    if plan.stream:
-        return _stream(_run(state, plan, ticket, arrived, deadline), StreamMerger(plan, tokenizer))
-    return await _collect(_run(state, plan, ticket, arrived, deadline), request_id, ResponseCollector(plan, tokenizer))
+class View(Protocol):
+    """A route's view: the request's body (read only when the view asks), its ``Content-Type``
+    and ``X-Request-Id`` headers (None when absent) -> its answer. Every
+    :class:`~braid.errors.BraidError` comes back as its JSON error; cancellation propagates."""
+
+    def __call__(
+        self,
+        state: AppState,
+        read_body: Callable[[], Awaitable[bytes]],
+        *,
+        content_type: str | None,
+        request_id: str | None,
+    ) -> Awaitable[ViewResult]: ...
 
 
-async def chat_completions(
-    state: AppState,
-    read_body: Callable[[], Awaitable[bytes]],
-    *,
-    content_type: str | None,
-    request_id: str | None,
-    batch: bool,
-) -> JsonResponse | CompletionStream:
-    """Answer one chat request (``batch``: the batch route, a list of conversations), as
-    :func:`completions` answers its requests: the same admission, plan, run and errors; only
-    the prompts (rendered from messages by the model's chat template) and the response's shape
-    (:mod:`braid.stream.chat_merge`) differ."""
-    try:
-        return await _chat(state, read_body, content_type, request_id, batch)
-    except BraidError as err:
-        return _error(err)
+@attrs.frozen
+class Route:
+    """One POST route of the API: what the app serves at ``path``, and how it is documented."""
+
+    path: str
+    view: View
+    operation: Operation
+
+    def __attrs_post_init__(self) -> None:
+        if (self.operation.method, self.operation.path) != ("post", self.path):
+            raise ValueError(
+                f"the operation of POST {self.path} documents {self.operation.method} {self.operation.path}"
+            )
 
 
-async def _chat(
-    state: AppState,
-    read_body: Callable[[], Awaitable[bytes]],
-    content_type: str | None,
-    request_id: str | None,
-    batch: bool,
-) -> JsonResponse | CompletionStream:
-    ticket, arrived, deadline = _admit(state, content_type, request_id)
-    try:
-        chat = parse_chat(
-            await read_body(),
-            state.limits,
-            max_model_len=state.engine.info.max_model_len,
-            batch=batch,
-            trust_template=state.settings.trust_request_chat_template,
-        )
-        with trio.move_on_at(deadline):
-            texts = await render_conversations(chat, state.engine.tokenizer, state.tokenize_limiter)
-        _check_deadline(deadline, state.settings.request_timeout)
-        req = build_request(chat.body, tuple(TextPrompt(t) for t in texts), state.limits, chat.structured)
-        try:
-            plan = await _plan(state, req, request_id, deadline, "chatcmpl")
-        except InvalidRequest as err:
-            if err.param == "max_tokens":  # chat's name for it, whichever of the two was sent
-                err.param = "max_completion_tokens"
-            raise
-        roles = tuple(response_role(c, chat.template) for c in chat.conversations)
-        shape = ChatShape(
-            roles=roles,
-            echo=tuple(echo_text(c, r) if chat.echo else "" for c, r in zip(chat.conversations, roles, strict=True)),
-            top_logprobs=chat.top_logprobs if chat.logprobs else None,
-        )
-    except BaseException:
-        ticket.close()
-        raise
-    tokenizer = state.engine.tokenizer
-    if plan.stream:
-        return _stream(_run(state, plan, ticket, arrived, deadline), ChatStreamMerger(plan, tokenizer, shape=shape))
-    run = _run(state, plan, ticket, arrived, deadline)
-    return await _collect(run, request_id, ChatResponseCollector(plan, tokenizer, shape))
-
-
-def _admit(state: AppState, content_type: str | None, request_id: str | None) -> tuple[Ticket, float, float]:
+def admit(state: AppState, content_type: str | None, request_id: str | None) -> tuple[Ticket, float, float]:
     """The checks that need no body, then admission: the request's ticket, its arrival (where
     the latency histograms start) and its deadline, on Trio's clock."""
     timeout = state.settings.request_timeout
@@ -246,12 +174,14 @@ def require_json(content_type: str | None) -> None:
         raise SchemaError("Unsupported Media Type: Only 'application/json' is allowed")
 
 
-def _check_deadline(deadline: float, timeout: float | None) -> None:
+def check_deadline(deadline: float, timeout: float | None) -> None:
     if trio.current_time() >= deadline:
         raise DeadlineExceeded(f"The request did not finish within its {timeout:g} s timeout.")
 
 
-async def _plan(state: AppState, req: CompletionRequest, request_id: str | None, deadline: float, prefix: str) -> Plan:
+async def plan_request(
+    state: AppState, req: CompletionRequest, request_id: str | None, deadline: float, prefix: str
+) -> Plan:
     """Tokenize and plan a validated request (ids ``{prefix}-...``), within its deadline."""
     engine, settings, info = state.engine, state.settings, state.engine.info
     if req.model is not None and req.model != info.name:
@@ -265,7 +195,7 @@ async def _plan(state: AppState, req: CompletionRequest, request_id: str | None,
     check_limits(req, info, engine.tokenizer)  # before tokenizing: an over-long text costs nothing
     with trio.move_on_at(deadline):
         encoded = await encode_prompts(req, engine.tokenizer, state.tokenize_limiter)
-    _check_deadline(deadline, settings.request_timeout)
+    check_deadline(deadline, settings.request_timeout)
     return make_plan(
         req,
         info,
@@ -278,7 +208,7 @@ async def _plan(state: AppState, req: CompletionRequest, request_id: str | None,
     )
 
 
-def _run(state: AppState, plan: Plan, ticket: Ticket, arrived: float, deadline: float) -> CompletionRun:
+def open_run(state: AppState, plan: Plan, ticket: Ticket, arrived: float, deadline: float) -> CompletionRun:
     state.metrics.prompts.observe(len(plan.items))
     return CompletionRun(
         state.engine,
@@ -293,7 +223,8 @@ def _run(state: AppState, plan: Plan, ticket: Ticket, arrived: float, deadline: 
     )
 
 
-def _stream(run: CompletionRun, merger: StreamMerger | ChatStreamMerger) -> CompletionStream:
+def stream(run: CompletionRun, merger: StreamMerger) -> CompletionStream:
+    """The response body of a streaming run, not yet started."""
     stream = CompletionStream(run, merger)
     # The run closes the ticket when it ends; a stream that is never started (its client
     # went away before quart sent it) must not keep its place in the queue, and its prompts
@@ -302,9 +233,9 @@ def _stream(run: CompletionRun, merger: StreamMerger | ChatStreamMerger) -> Comp
     return stream
 
 
-async def _collect(
-    run: CompletionRun, request_id: str | None, collector: ResponseCollector | ChatResponseCollector
-) -> JsonResponse:
+async def collect(run: CompletionRun, request_id: str | None, collector: ResponseCollector) -> JsonResponse:
+    """Run a non-streaming request to the end: 200 with the whole body, or the run's error raised
+    as itself (the caller answers it as its JSON error)."""
     plan = run.plan
     async with run:
         while True:
@@ -316,7 +247,7 @@ async def _collect(
     return JsonResponse(200, collector.body(), (("X-Request-Id", request_id or plan.meta.id),))
 
 
-def _error(err: BraidError) -> JsonResponse:
+def error_response(err: BraidError) -> JsonResponse:
     return JsonResponse(err.status, error_body(err), error_headers(err))
 
 
@@ -325,4 +256,19 @@ def error_headers(err: BraidError) -> tuple[tuple[str, str], ...]:
     return (("Retry-After", str(err.retry_after)),) if err.retry_after is not None else ()
 
 
-__all__ = ["AppState", "JsonResponse", "chat_completions", "completions", "error_headers", "require_json"]
+__all__ = [
+    "AppState",
+    "JsonResponse",
+    "Route",
+    "View",
+    "ViewResult",
+    "admit",
+    "check_deadline",
+    "collect",
+    "error_headers",
+    "error_response",
+    "open_run",
+    "plan_request",
+    "require_json",
+    "stream",
+]

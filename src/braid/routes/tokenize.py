@@ -26,14 +26,24 @@ from typing import TypeVar
 import msgspec
 import trio
 
+from braid import errors
 from braid.engine.base import Tokenizer
 from braid.errors import BraidError, DeadlineExceeded
-from braid.routes.common import AppState, JsonResponse, error_headers, require_json
+from braid.routes.common import AppState, JsonResponse, Route, error_response, require_json
 from braid.stream.tokenize import INLINE_CHARS
 from braid.wire import shapes as responses
-from braid.wire.completions_response import error_body
 from braid.wire.messages import render
-from braid.wire.tokenize_request import Detokenize, TokenizeChat, TokenizeText, parse_detokenize, parse_tokenize
+from braid.wire.openapi import Operation, Outcome, error_outcomes, json_body, ref
+from braid.wire.tokenize_request import (
+    Detokenize,
+    DetokenizeBody,
+    TokenizeChat,
+    TokenizeChatBody,
+    TokenizePromptBody,
+    TokenizeText,
+    parse_detokenize,
+    parse_tokenize,
+)
 
 T = TypeVar("T")
 
@@ -43,6 +53,7 @@ async def tokenize(
     read_body: Callable[[], Awaitable[bytes]],
     *,
     content_type: str | None,
+    request_id: str | None = None,
     inline_chars: int = INLINE_CHARS,
 ) -> JsonResponse:
     """Answer one ``POST /tokenize``: 200 with the tokens, or the JSON error (400, 404, 408,
@@ -63,7 +74,7 @@ async def tokenize(
         answer = responses.Tokenize(count=len(ids), max_model_len=info.max_model_len, tokens=ids, token_strs=strs)
         return JsonResponse(200, msgspec.json.encode(answer))
     except BraidError as err:
-        return JsonResponse(err.status, error_body(err), error_headers(err))
+        return error_response(err)
 
 
 async def detokenize(
@@ -71,6 +82,7 @@ async def detokenize(
     read_body: Callable[[], Awaitable[bytes]],
     *,
     content_type: str | None,
+    request_id: str | None = None,
     inline_chars: int = INLINE_CHARS,
 ) -> JsonResponse:
     """Answer one ``POST /detokenize``: 200 with the text (special tokens spelled out, as vLLM
@@ -89,7 +101,7 @@ async def detokenize(
         text = await _run(state, deadline, work, on_thread=len(body) > inline_chars)
         return JsonResponse(200, msgspec.json.encode(responses.Detokenize(prompt=text)))
     except BraidError as err:
-        return JsonResponse(err.status, error_body(err), error_headers(err))
+        return error_response(err)
 
 
 def _tokens(
@@ -127,4 +139,48 @@ async def _run(state: AppState, deadline: float, work: Callable[[], T], *, on_th
     raise DeadlineExceeded(f"The request did not finish within its {state.settings.request_timeout:g} s timeout.")
 
 
-__all__ = ["detokenize", "tokenize"]
+_ERRORS = error_outcomes(
+    errors.InvalidRequest,
+    errors.SchemaError,
+    errors.ModelNotFound,
+    errors.DeadlineExceeded,
+    errors.BodyTimeout,
+    errors.BodyTooLarge,
+)
+"""No admission and no engine request: no 429, no 500, no 503."""
+
+ROUTES = (
+    Route(
+        "/tokenize",
+        tokenize,
+        Operation(
+            "post",
+            "/tokenize",
+            "Token ids of a text, or of a conversation as the chat template renders it (vLLM's route)",
+            (Outcome(200, "The token ids.", {"application/json": {"schema": ref(responses.Tokenize)}}), *_ERRORS),
+            request=json_body(
+                {"anyOf": [ref(TokenizePromptBody), ref(TokenizeChatBody)]},
+                {
+                    "text": {"prompt": "Hello world", "return_token_strs": True},
+                    "chat": {"messages": [{"role": "user", "content": "Hi"}]},
+                },
+            ),
+            structs=(TokenizePromptBody, TokenizeChatBody, responses.Tokenize),
+        ),
+    ),
+    Route(
+        "/detokenize",
+        detokenize,
+        Operation(
+            "post",
+            "/detokenize",
+            "The text of token ids (vLLM's route)",
+            (Outcome(200, "The text.", {"application/json": {"schema": ref(responses.Detokenize)}}), *_ERRORS),
+            request=json_body(ref(DetokenizeBody), {"example": {"tokens": [0, 75, 108, 111]}}),
+            structs=(DetokenizeBody, responses.Detokenize),
+        ),
+    ),
+)
+
+
+__all__ = ["ROUTES", "detokenize", "tokenize"]

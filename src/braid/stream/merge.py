@@ -1,30 +1,33 @@
-"""Merge: the arrival-ordered outputs of every prompt -> one OpenAI response. Pure.
+"""Merge: the arrival-ordered outputs of every prompt -> one response, in any route's shapes. Pure.
 
 :class:`StreamMerger` is the streaming protocol as a state machine with two phases::
 
-    STREAMING --feed()--> STREAMING        one event per choice delta, global index i*n+k
+    STREAMING --feed()--> STREAMING        the route's opening events on the first feed, then
+                                           one event per choice delta, global index i*n+k
     STREAMING --finish()--> DONE           [usage event] + [DONE]; every choice must have finished
     STREAMING --fail(err)--> DONE          error event + [DONE]; no usage
     DONE --anything--> ProtocolViolation   nothing is ever written after [DONE]
 
-:class:`ResponseCollector` gathers the same fragments for a non-streaming response, which is
+:class:`ResponseCollector` gathers the same chunks for a non-streaming response, which is
 all-or-nothing: it is rendered only when every choice has finished.
+
+Both are the same for every route: what differs is the route's
+:class:`~braid.wire.output.ChoiceEvents` (the wire shapes) and how its
+:class:`~braid.stream.render.ChoiceRenderer` renders logprobs. Neither imports trio: they are
+driven by the run's consumer (:mod:`braid.routes.body`, :mod:`braid.routes.common`).
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from typing import Protocol
 
 import attrs
 
-from braid.engine.base import Tokenizer
 from braid.errors import BraidError
-from braid.stream.plan import Plan
-from braid.stream.render import ChoiceChunk, ChoiceRenderer, LogprobsFragment
-from braid.stream.run import Arrival
-from braid.wire.completions_response import DONE, SseEncoder, Usage, completion_body
+from braid.stream.plan import Arrival, Plan
+from braid.stream.render import ChoiceRenderer
+from braid.wire.output import DONE, ChoiceEvents, CollectedChoice, Usage
 
 
 class ProtocolViolation(RuntimeError):
@@ -36,29 +39,21 @@ class Phase(enum.Enum):
     DONE = "done"
 
 
-class EventEncoder(Protocol):
-    """A stream's event shapes: :class:`~braid.wire.completions_response.SseEncoder` (completions) or
-    :class:`~braid.wire.chat_response.ChatSseEncoder` (chat)."""
-
-    def chunk(self, c: ChoiceChunk, usage: Usage | None) -> bytes: ...
-
-    def usage(self, usage: Usage) -> bytes: ...
-
-    def error(self, err: BraidError) -> bytes: ...
+def usage_of(plan: Plan, renderer: ChoiceRenderer) -> Usage:
+    """The request's usage, summed over its prompts (cached tokens too: vLLM reports one prompt's)."""
+    return Usage(plan.prompt_tokens, renderer.completion_tokens, renderer.cached_tokens)
 
 
 @attrs.define
 class StreamMerger:
     plan: Plan
-    tokenizer: Tokenizer
+    renderer: ChoiceRenderer
+    events: ChoiceEvents
     phase: Phase = Phase.STREAMING
-    _renderer: ChoiceRenderer = attrs.field(init=False)
-    _sse: EventEncoder = attrs.field(init=False)
+    _opened: bool = attrs.field(init=False, default=False)
     _prompt_tokens: tuple[int, ...] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        self._renderer = ChoiceRenderer(self.plan, self.tokenizer)
-        self._sse = SseEncoder(self.plan.meta)
         self._prompt_tokens = tuple(len(i.request.prompt_token_ids) for i in self.plan.items)
 
     def _require_streaming(self) -> None:
@@ -68,11 +63,15 @@ class StreamMerger:
     def feed(self, arrivals: Iterable[Arrival]) -> bytes:
         """All events for these outputs, as one body chunk (possibly empty)."""
         self._require_streaming()
-        continuous = self.plan.continuous_usage
-        chunk = self._sse.chunk
         parts = []
+        if not self._opened:
+            self._opened = True
+            parts.append(self.events.opening())
+        continuous = self.plan.continuous_usage
+        chunk = self.events.chunk
+        render = self.renderer.render
         for prompt_idx, output in arrivals:
-            for c in self._renderer.render(prompt_idx, output):
+            for c in render(prompt_idx, output):
                 usage = Usage(self._prompt_tokens[prompt_idx], c.completion_tokens) if continuous else None
                 parts.append(chunk(c, usage))
         return b"".join(parts)
@@ -80,95 +79,43 @@ class StreamMerger:
     @property
     def all_finished(self) -> bool:
         """Every choice has had its finish_reason: nothing more can be fed, :meth:`finish` may follow."""
-        return self._renderer.all_finished
+        return self.renderer.all_finished
 
     def finish(self) -> bytes:
         self._require_streaming()
-        if not self._renderer.all_finished:
+        if not self.renderer.all_finished:
             raise ProtocolViolation("the stream ended before every choice finished")
         self.phase = Phase.DONE
         if self.plan.include_usage:
-            return self._sse.usage(_usage(self.plan, self._renderer)) + DONE
+            return self.events.usage(usage_of(self.plan, self.renderer)) + DONE
         return DONE
 
     def fail(self, err: BraidError) -> bytes:
         self._require_streaming()
         self.phase = Phase.DONE
-        return self._sse.error(err) + DONE
-
-
-@attrs.define
-class _Choice:
-    texts: list[str] = attrs.Factory(list)
-    logprobs: list[LogprobsFragment] = attrs.Factory(list)
-    token_ids: list[int] = attrs.Factory(list)
-    first: ChoiceChunk | None = None
-    last: ChoiceChunk | None = None
-
-
-def _join_logprobs(fragments: list[LogprobsFragment]) -> dict[str, object] | None:
-    if not fragments:
-        return None
-    return {
-        "text_offset": [x for f in fragments for x in f.text_offset],
-        "token_logprobs": [x for f in fragments for x in f.token_logprobs],
-        "tokens": [x for f in fragments for x in f.tokens],
-        "top_logprobs": [x for f in fragments for x in f.top_logprobs],
-    }
+        return self.events.error(err) + DONE
 
 
 @attrs.define
 class ResponseCollector:
     plan: Plan
-    tokenizer: Tokenizer
-    _renderer: ChoiceRenderer = attrs.field(init=False)
-    _choices: list[_Choice] = attrs.field(init=False)
+    renderer: ChoiceRenderer
+    events: ChoiceEvents
+    _choices: list[CollectedChoice] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        self._renderer = ChoiceRenderer(self.plan, self.tokenizer)
-        self._choices = [_Choice() for _ in range(self.plan.num_choices)]
+        self._choices = [CollectedChoice() for _ in range(self.plan.num_choices)]
 
     def feed(self, arrivals: Iterable[Arrival]) -> None:
+        choices = self._choices
         for prompt_idx, output in arrivals:
-            for c in self._renderer.render(prompt_idx, output):
-                choice = self._choices[c.index]
-                choice.first = choice.first or c
-                choice.last = c
-                choice.texts.append(c.text)
-                if c.logprobs is not None:
-                    choice.logprobs.append(c.logprobs)
-                if c.token_ids is not None:
-                    choice.token_ids.extend(c.token_ids)
+            for c in self.renderer.render(prompt_idx, output):
+                choices[c.index].add(c)
 
     def body(self) -> bytes:
-        if not self._renderer.all_finished:
+        if not self.renderer.all_finished:
             raise ProtocolViolation("a non-streaming response needs every choice finished")
-        plan = self.plan
-        choices = []
-        for index, ch in enumerate(self._choices):
-            assert ch.first is not None and ch.last is not None
-            logprobs = _join_logprobs(ch.logprobs)
-            if logprobs is None and plan.logprobs is not None:
-                logprobs = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
-            choices.append(
-                {
-                    "index": index,
-                    "text": "".join(ch.texts),
-                    "logprobs": logprobs,
-                    "finish_reason": ch.last.finish_reason,
-                    "stop_reason": ch.last.stop_reason,
-                    "token_ids": ch.token_ids if plan.return_token_ids else None,
-                    "prompt_logprobs": ch.first.prompt_logprobs,
-                    "prompt_token_ids": ch.first.prompt_token_ids,
-                    "routed_experts": None,
-                }
-            )
-        return completion_body(plan.meta, choices, _usage(plan, self._renderer))
+        return self.events.body(self._choices, usage_of(self.plan, self.renderer))
 
 
-def _usage(plan: Plan, renderer: ChoiceRenderer) -> Usage:
-    """The request's usage, summed over its prompts (cached tokens too: vLLM reports one prompt's)."""
-    return Usage(plan.prompt_tokens, renderer.completion_tokens, renderer.cached_tokens)
-
-
-__all__ = ["Phase", "ProtocolViolation", "ResponseCollector", "StreamMerger"]
+__all__ = ["Phase", "ProtocolViolation", "ResponseCollector", "StreamMerger", "usage_of"]

@@ -12,9 +12,10 @@ from collections.abc import Mapping
 
 import attrs
 
-from braid.engine.base import EngineRequest, ModelInfo, SamplingParams, Tokenizer
+from braid.engine.base import EngineOutput, EngineRequest, ModelInfo, SamplingParams, Tokenizer
 from braid.errors import InvalidRequest
 from braid.wire.completions_request import CompletionRequest, TextPrompt
+from braid.wire.output import ResponseMeta
 
 
 @attrs.frozen
@@ -25,11 +26,8 @@ class PlanItem:
     """The text an echoed choice starts with ("" unless ``echo``)."""
 
 
-@attrs.frozen
-class ResponseMeta:
-    id: str
-    created: int
-    model: str
+Arrival = tuple[int, EngineOutput]
+"""One engine output of the plan's prompt ``prompt_idx``: what the run hands the merger, in order per prompt."""
 
 
 @attrs.frozen
@@ -80,7 +78,7 @@ def _fit(params: SamplingParams, prompt_len: int, limit: int, i: int, req: Compl
         raise InvalidRequest(
             f"max_tokens must be at least 1, got 0 (prompt[{i}] has {prompt_len} tokens and fills the "
             f"context of {limit}).",
-            param="max_tokens",
+            param=req.max_tokens_param,
         )
     if params.max_tokens <= room:
         return params
@@ -118,7 +116,7 @@ def check_limits(req: CompletionRequest, info: ModelInfo, tokenizer: Tokenizer) 
         raise InvalidRequest(
             f"max_tokens={req.max_tokens} cannot be greater than max_model_len={limit}. "
             "Please request fewer output tokens.",
-            param="max_tokens",
+            param=req.max_tokens_param,
         )
     if req.truncate_prompt_tokens is not None and req.truncate_prompt_tokens > limit:
         raise InvalidRequest(
@@ -190,7 +188,10 @@ def make_plan(
         elif isinstance(prompt, TextPrompt):
             echo_text = prompt.text  # vLLM echoes the text as sent, even when its tokens were truncated
         else:
-            echo_text = tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
+            # vLLM 0.32's renderer: the ids as sent (before truncation, as a text is echoed as
+            # sent), decoded with the special tokens, whatever skip_special_tokens says (that is
+            # for the completion): the echo's text_offsets count every token's text.
+            echo_text = tokenizer.decode(prompt.token_ids, skip_special_tokens=False)
         text = prompt.text if isinstance(prompt, TextPrompt) else None
         request = EngineRequest(f"{engine_prefix}-{i}", ids, item_params, text, final_only=not req.stream)
         items.append(PlanItem(i, request, echo_text))

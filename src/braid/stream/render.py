@@ -13,35 +13,9 @@ import attrs
 
 from braid.engine.base import EngineOutput, Tokenizer, TopLogprobs
 from braid.stream.plan import Plan
+from braid.wire.output import ChatLogprobs, ChoiceChunk, LogprobsFragment
 
 _FLOOR = -9999.0  # vLLM clamps -inf (and anything below) so JSON stays finite
-
-
-@attrs.frozen
-class LogprobsFragment:
-    text_offset: tuple[int, ...]
-    token_logprobs: tuple[float | None, ...]
-    tokens: tuple[str, ...]
-    top_logprobs: tuple[dict[str, float] | None, ...]
-
-
-@attrs.frozen
-class ChoiceChunk:
-    """What one choice gained from one engine output."""
-
-    index: int
-    prompt_idx: int
-    text: str
-    logprobs: LogprobsFragment | None
-    finish_reason: str | None
-    stop_reason: str | int | None
-    token_ids: tuple[int, ...] | None
-    prompt_token_ids: tuple[int, ...] | None
-    prompt_logprobs: tuple[dict[str, dict[str, object]] | None, ...] | None
-    completion_tokens: int
-    """The choice's completion tokens so far (for continuous usage)."""
-    chat_logprobs: tuple[dict[str, object], ...] | None = None
-    """Chat's logprobs entries (``{token, logprob, bytes, top_logprobs}``), instead of ``logprobs``."""
 
 
 @attrs.define
@@ -107,7 +81,7 @@ def render_chat_logprobs(
     top: int,
     tokenizer: Tokenizer,
     as_ids: bool,
-) -> tuple[dict[str, object], ...]:
+) -> ChatLogprobs:
     """Chat's logprobs ``content`` entries for ``token_ids``, as vLLM's chat server writes them:
     ``top_logprobs`` lists the first ``top`` entries of the position's dict (all for -1), which
     holds the sampled token first."""
@@ -230,14 +204,13 @@ class ChoiceRenderer:
             elif not text and not delta.token_ids and not (first and plan.echo):
                 continue  # nothing to show yet (vLLM skips such deltas too)
             state.started = True
-            logprobs = None
-            chat_logprobs = None
+            logprobs: LogprobsFragment | ChatLogprobs | None = None
             if plan.logprobs is not None and self.chat_top is not None:
-                chat_logprobs = render_chat_logprobs(
+                logprobs = render_chat_logprobs(
                     ids, steps, top=self.chat_top, tokenizer=self.tokenizer, as_ids=plan.tokens_as_ids
                 )
             elif plan.logprobs is not None:
-                logprobs = render_logprobs(
+                fragment = render_logprobs(
                     ids,
                     steps,
                     top=plan.logprobs,
@@ -245,8 +218,9 @@ class ChoiceRenderer:
                     tokenizer=self.tokenizer,
                     as_ids=plan.tokens_as_ids,
                 )
-                if logprobs.tokens:
-                    state.offset = logprobs.text_offset[-1] + len(logprobs.tokens[-1])
+                if fragment.tokens:
+                    state.offset = fragment.text_offset[-1] + len(fragment.tokens[-1])
+                logprobs = fragment
             prompt_lps = None
             if first and plan.prompt_logprobs is not None and not plan.stream:
                 prompt_lps = render_prompt_logprobs(self._prompt_steps[prompt_idx] or ())
@@ -266,7 +240,6 @@ class ChoiceRenderer:
                     else None,
                     prompt_logprobs=prompt_lps,
                     completion_tokens=state.tokens,
-                    chat_logprobs=chat_logprobs,
                 )
             )
         return chunks

@@ -73,16 +73,13 @@ from braid.metrics import AbortCause, Metrics, TokenTimer
 from braid.settings import Settings
 from braid.stream.admit import Ticket
 from braid.stream.heartbeat import Heartbeat, Tick
-from braid.stream.plan import Plan, PlanItem
+from braid.stream.plan import Arrival, Plan, PlanItem
 
 START_CHUNK = 64
 """Drivers started per scheduler round (see ``_supervise``)."""
 
 MAX_BATCH = 1024
 """The most arrivals one :meth:`CompletionRun.receive_ready` returns."""
-
-Arrival = tuple[int, EngineOutput]
-"""One engine output, tagged with the index of the prompt it belongs to."""
 
 
 @attrs.define(eq=False)
@@ -109,7 +106,7 @@ class CompletionRun:
     error: BraidError | None = None
     relayed: bool = False
     """Whether a driver has handed an output over since the consumer last cleared this (the
-    consumer gathers for a few rounds then: :func:`braid.http.body._gather`); outputs the engine
+    consumer gathers for a few rounds then: :func:`braid.routes.body._gather`); outputs the engine
     delivered itself do not set it."""
     _outer_cm: AbstractAsyncContextManager[trio.Nursery] | None = None
     _outer: trio.Nursery | None = None
@@ -437,4 +434,4 @@ def _the_exception(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return errors[0] if errors else leaves[0]
 
 
-__all__ = ["MAX_BATCH", "START_CHUNK", "Arrival", "CompletionRun"]
+__all__ = ["MAX_BATCH", "START_CHUNK", "CompletionRun"]

@@ -1,22 +1,65 @@
-"""Encode chat: choice chunks and usage -> ``chat.completion.chunk`` events or a ``chat.completion``.
+"""Chat's output: ``chat.completion.chunk`` events and the ``chat.completion`` body. Pure.
 
-Pure, and shaped as vLLM 0.32's chat server writes them (its pydantic models dumped with
-``exclude_unset``): a role chunk per choice, content chunks with one choice each, a final usage
-chunk with ``choices: []``, and errors as a data event. The constant head of every chunk is
-encoded once per request, as in :mod:`braid.wire.completions_response`.
+Shaped as vLLM 0.32's chat server writes them (its pydantic models dumped with ``exclude_unset``):
+a role chunk per choice first (and, with ``echo``, a chunk with the echoed text per choice), in
+choice order, then content chunks with one choice each, a final usage chunk with ``choices: []``,
+and errors as a data event. :class:`ChatEvents` is the :class:`~braid.wire.output.ChoiceEvents`
+of both chat routes; everything else of the output side is shared (:mod:`braid.wire.output`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
-import msgspec
 
 from braid.errors import BraidError
-from braid.stream.plan import ResponseMeta
-from braid.stream.render import ChoiceChunk
-from braid.wire.completions_response import SseEncoder, Usage
+from braid.wire.output import (
+    ChatLogprobs,
+    ChoiceChunk,
+    CollectedChoice,
+    LogprobsFragment,
+    ResponseMeta,
+    Usage,
+    encode,
+    error_event,
+    sse_head,
+    usage_event,
+)
 
-_encode = msgspec.json.Encoder().encode
+
+@attrs.frozen
+class ChatShape:
+    """What a chat response adds to its plan, per conversation (prompt)."""
+
+    roles: tuple[str, ...]
+    """The role of its replies."""
+    echo: tuple[str, ...]
+    """The text ``echo`` puts before each of its choices ("" for none)."""
+    top_logprobs: int | None
+    """Alternatives per token in chat's logprobs (-1: all); None: no logprobs asked."""
+
+
+@attrs.frozen
+class ChatPrompts:
+    """What chat's role chunks and body say of the prompts (conversations), each ``n`` times."""
+
+    token_ids: tuple[tuple[int, ...], ...]
+    """Per prompt, its token ids."""
+    n: int
+    return_token_ids: bool
+    """The role chunks and the body list token ids."""
+    continuous_usage: bool
+    """Every chunk, the role chunks too, carries its choice's usage so far."""
+
+
+def _content(fragments: Sequence[LogprobsFragment | ChatLogprobs]) -> list[dict[str, object]]:
+    """One choice's logprobs ``content``: its fragments' entries, in order."""
+    out: list[dict[str, object]] = []
+    for f in fragments:
+        assert isinstance(f, tuple), "chat renders chat's logprobs"
+        out.extend(f)
+    return out
 
 
 def _usage(usage: Usage) -> dict[str, object]:
@@ -24,42 +67,56 @@ def _usage(usage: Usage) -> dict[str, object]:
 
 
 @attrs.define
-class ChatSseEncoder:
+class ChatEvents:
+    """Chat's events and body for one response (``/v1/chat/completions`` and its batch route)."""
+
     meta: ResponseMeta
+    shape: ChatShape
+    prompts: ChatPrompts
     _head: bytes = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        head = _encode(
-            {
-                "id": self.meta.id,
-                "object": "chat.completion.chunk",
-                "created": self.meta.created,
-                "model": self.meta.model,
-            }
-        )
-        self._head = b"data: " + head[:-1] + b',"choices":['
+        self._head = sse_head(self.meta, "chat.completion.chunk")
 
     def _event(self, choice: dict[str, object], usage: Usage | None, extra: dict[str, object] | None = None) -> bytes:
         tail = b"]"
         if extra:
-            tail += b"," + _encode(extra)[1:-1]
+            tail += b"," + encode(extra)[1:-1]
         if usage is not None:
-            tail += b',"usage":' + _encode(_usage(usage))
-        return self._head + _encode(choice) + tail + b"}\n\n"
+            tail += b',"usage":' + encode(_usage(usage))
+        return self._head + encode(choice) + tail + b"}\n\n"
 
-    def role(self, index: int, role: str, prompt_token_ids: tuple[int, ...] | None, usage: Usage | None) -> bytes:
-        choice = {"index": index, "delta": {"role": role, "content": ""}, "logprobs": None, "finish_reason": None}
-        return self._event(choice, usage, {"prompt_token_ids": prompt_token_ids, "prompt_text": None})
+    def _opening_usage(self, prompt_idx: int) -> Usage | None:
+        if not self.prompts.continuous_usage:
+            return None
+        return Usage(len(self.prompts.token_ids[prompt_idx]), 0)
 
-    def echo(self, index: int, text: str, usage: Usage | None) -> bytes:
-        choice = {"index": index, "delta": {"content": text}, "logprobs": None, "finish_reason": None}
-        return self._event(choice, usage)
+    def opening(self) -> bytes:
+        """Every choice's role chunk, then its echo chunk: what vLLM sends on the first output."""
+        n, shape, with_ids = self.prompts.n, self.shape, self.prompts.return_token_ids
+        parts = []
+        for i, ids in enumerate(self.prompts.token_ids):
+            extra: dict[str, object] = {"prompt_token_ids": ids if with_ids else None, "prompt_text": None}
+            for k in range(n):
+                choice = {
+                    "index": i * n + k,
+                    "delta": {"role": shape.roles[i], "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+                parts.append(self._event(choice, self._opening_usage(i), extra))
+        for i, text in enumerate(shape.echo):
+            if text:
+                for k in range(n):
+                    choice = {"index": i * n + k, "delta": {"content": text}, "logprobs": None, "finish_reason": None}
+                    parts.append(self._event(choice, self._opening_usage(i)))
+        return b"".join(parts)
 
     def chunk(self, c: ChoiceChunk, usage: Usage | None) -> bytes:
         choice: dict[str, object] = {
             "index": c.index,
             "delta": {"content": c.text},
-            "logprobs": None if c.chat_logprobs is None else {"content": c.chat_logprobs},
+            "logprobs": None if c.logprobs is None else {"content": c.logprobs},
             "finish_reason": c.finish_reason,
             "token_ids": c.token_ids,
         }
@@ -68,77 +125,54 @@ class ChatSseEncoder:
         return self._event(choice, usage)
 
     def usage(self, usage: Usage) -> bytes:
-        body: dict[str, object] = {**usage.as_dict()}
-        if usage.cached_tokens is not None:
-            body["prompt_tokens_details"] = {"cached_tokens": usage.cached_tokens}
-        return self._head + b'],"usage":' + _encode(body) + b"}\n\n"
+        return usage_event(self._head, usage)
 
-    @staticmethod
-    def error(err: BraidError) -> bytes:
-        return SseEncoder.error(err)
+    def error(self, err: BraidError) -> bytes:
+        return error_event(err)
 
-
-@attrs.frozen
-class ChatChoice:
-    """One finished choice of a non-streamed answer."""
-
-    index: int
-    role: str
-    content: str
-    logprobs: tuple[dict[str, object], ...] | None
-    finish_reason: str | None
-    stop_reason: str | int | None
-    token_ids: tuple[int, ...] | None
-
-
-def chat_body(
-    meta: ResponseMeta,
-    choices: list[ChatChoice],
-    usage: Usage,
-    *,
-    prompt_token_ids: tuple[int, ...] | None,
-    prompt_logprobs: object,
-) -> bytes:
-    details = None
-    if usage.cached_tokens is not None:
-        details = {"cached_tokens": usage.cached_tokens, "created_cache_tokens": None, "multimodal_tokens": None}
-    return _encode(
-        {
-            "id": meta.id,
-            "object": "chat.completion",
-            "created": meta.created,
-            "model": meta.model,
-            "choices": [
-                {
-                    "index": c.index,
-                    "message": {
-                        "role": c.role,
-                        "content": c.content,
-                        "refusal": None,
-                        "annotations": None,
-                        "audio": None,
-                        "function_call": None,
-                        "reasoning": None,
-                    },
-                    "logprobs": None if c.logprobs is None else {"content": c.logprobs},
-                    "finish_reason": c.finish_reason or "stop",
-                    "stop_reason": c.stop_reason,
-                    "token_ids": c.token_ids,
-                    "routed_experts": None,
-                }
-                for c in choices
-            ],
-            "service_tier": None,
-            "system_fingerprint": None,
-            "usage": {**usage.as_dict(), "prompt_tokens_details": details, "completion_tokens_details": None},
-            "prompt_logprobs": prompt_logprobs,
-            "prompt_token_ids": prompt_token_ids,
-            "prompt_text": None,
-            "kv_transfer_params": None,
-            "ec_transfer_params": None,
-            "metrics": None,
-        }
-    )
+    def body(self, choices: Sequence[CollectedChoice], usage: Usage) -> bytes:
+        shape, n, meta, with_ids = self.shape, self.prompts.n, self.meta, self.prompts.return_token_ids
+        # One conversation's body repeats its prompt's ids and logprobs; a batch's does not.
+        single = len(self.prompts.token_ids) == 1
+        first = choices[0].first if choices else None
+        assert first is not None, "a body is built only when every choice has finished"
+        return encode(
+            {
+                "id": meta.id,
+                "object": "chat.completion",
+                "created": meta.created,
+                "model": meta.model,
+                "choices": [
+                    {
+                        "index": index,
+                        "message": {
+                            "role": shape.roles[index // n],
+                            "content": shape.echo[index // n] + ch.text,
+                            "refusal": None,
+                            "annotations": None,
+                            "audio": None,
+                            "function_call": None,
+                            "reasoning": None,
+                        },
+                        "logprobs": None if shape.top_logprobs is None else {"content": _content(ch.logprobs)},
+                        "finish_reason": ch.finish_reason or "stop",
+                        "stop_reason": ch.stop_reason,
+                        "token_ids": ch.token_ids if with_ids else None,
+                        "routed_experts": None,
+                    }
+                    for index, ch in enumerate(choices)
+                ],
+                "service_tier": None,
+                "system_fingerprint": None,
+                "usage": usage.body(),
+                "prompt_logprobs": first.prompt_logprobs if single else None,
+                "prompt_token_ids": self.prompts.token_ids[0] if single and with_ids else None,
+                "prompt_text": None,
+                "kv_transfer_params": None,
+                "ec_transfer_params": None,
+                "metrics": None,
+            }
+        )
 
 
-__all__ = ["ChatChoice", "ChatSseEncoder", "chat_body"]
+__all__ = ["ChatEvents", "ChatPrompts", "ChatShape"]

@@ -1,48 +1,35 @@
-"""Encode: choice chunks and usage -> response bytes (SSE events or one JSON body).
+"""Completions' output: ``text_completion`` chunks and body, vLLM 0.32's shapes. Pure.
 
-Pure. Per-event work is kept small: the constant part of every stream chunk is encoded once per
-request, and each event costs one msgspec encode of the choice.
+:class:`CompletionEvents` is the :class:`~braid.wire.output.ChoiceEvents` of ``/v1/completions``.
+Per-event work is kept small: the constant head of every chunk is encoded once per response, and
+each event costs one msgspec encode of its choice.
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Sequence
 
 import attrs
-import msgspec
 
 from braid.errors import BraidError
-from braid.stream.plan import ResponseMeta
-from braid.stream.render import ChoiceChunk, LogprobsFragment
-
-DONE = b"data: [DONE]\n\n"
-HEARTBEAT = b": ping\n\n"
-
-_encode = msgspec.json.Encoder().encode
-
-
-@attrs.frozen
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int | None = None
-    """``prompt_tokens_details.cached_tokens``; None: not reported (the server's default)."""
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-    def as_dict(self) -> dict[str, int]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "total_tokens": self.total_tokens,
-            "completion_tokens": self.completion_tokens,
-        }
+from braid.wire.output import (
+    ChatLogprobs,
+    ChoiceChunk,
+    CollectedChoice,
+    LogprobsFragment,
+    ResponseMeta,
+    Usage,
+    encode,
+    error_event,
+    sse_head,
+    usage_event,
+)
 
 
-def logprobs_dict(lp: LogprobsFragment | None) -> dict[str, object] | None:
+def logprobs_dict(lp: LogprobsFragment | ChatLogprobs | None) -> dict[str, object] | None:
     if lp is None:
         return None
+    assert isinstance(lp, LogprobsFragment), "completions render the legacy logprobs"
     return {
         "text_offset": lp.text_offset,
         "token_logprobs": lp.token_logprobs,
@@ -51,74 +38,88 @@ def logprobs_dict(lp: LogprobsFragment | None) -> dict[str, object] | None:
     }
 
 
-def _stream_choice(c: ChoiceChunk) -> dict[str, object]:
+def _join_logprobs(fragments: Sequence[LogprobsFragment | ChatLogprobs]) -> dict[str, object]:
+    parts = [f for f in fragments if isinstance(f, LogprobsFragment)]
     return {
-        "index": c.index,
-        "text": c.text,
-        "logprobs": logprobs_dict(c.logprobs),
-        "finish_reason": c.finish_reason,
-        "stop_reason": c.stop_reason,
-        "prompt_token_ids": c.prompt_token_ids,
-        "token_ids": c.token_ids,
+        "text_offset": [x for f in parts for x in f.text_offset],
+        "token_logprobs": [x for f in parts for x in f.token_logprobs],
+        "tokens": [x for f in parts for x in f.tokens],
+        "top_logprobs": [x for f in parts for x in f.top_logprobs],
     }
 
 
 @attrs.define
-class SseEncoder:
-    """SSE framing for one request: ``data: {json}\\n\\n`` events, vLLM's chunk shape."""
+class CompletionEvents:
+    """``/v1/completions``' events and body for one response.
+
+    ``logprobs`` says the request asked for logprobs (a choice with no token then still has an
+    empty logprobs object in the body); ``return_token_ids`` that the body lists each choice's ids.
+    """
 
     meta: ResponseMeta
+    logprobs: bool = False
+    return_token_ids: bool = False
     _head: bytes = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        head = _encode(
-            {"id": self.meta.id, "object": "text_completion", "created": self.meta.created, "model": self.meta.model}
-        )
-        self._head = b"data: " + head[:-1] + b',"choices":['
+        self._head = sse_head(self.meta, "text_completion")
 
-    def chunk(self, c: ChoiceChunk, usage: Usage | None = None) -> bytes:
-        tail = b"]}\n\n" if usage is None else b'],"usage":' + _encode(usage.as_dict()) + b"}\n\n"
-        return self._head + _encode(_stream_choice(c)) + tail
+    def opening(self) -> bytes:
+        return b""
+
+    def chunk(self, c: ChoiceChunk, usage: Usage | None) -> bytes:
+        tail = b"]}\n\n" if usage is None else b'],"usage":' + encode(usage.as_dict()) + b"}\n\n"
+        choice = {
+            "index": c.index,
+            "text": c.text,
+            "logprobs": logprobs_dict(c.logprobs),
+            "finish_reason": c.finish_reason,
+            "stop_reason": c.stop_reason,
+            "prompt_token_ids": c.prompt_token_ids,
+            "token_ids": c.token_ids,
+        }
+        return self._head + encode(choice) + tail
 
     def usage(self, usage: Usage) -> bytes:
-        body = usage.as_dict()
-        if usage.cached_tokens is not None:  # vLLM's final usage chunk drops the details' nulls
-            body["prompt_tokens_details"] = {"cached_tokens": usage.cached_tokens}  # type: ignore[assignment]
-        return self._head + b'],"usage":' + _encode(body) + b"}\n\n"
+        return usage_event(self._head, usage)
 
-    @staticmethod
-    def error(err: BraidError) -> bytes:
-        # vLLM writes error events with json.dumps (spaced, ASCII-escaped), unlike chunks.
-        return b"data: " + json.dumps(err.body()).encode() + b"\n\n"
+    def error(self, err: BraidError) -> bytes:
+        return error_event(err)
+
+    def body(self, choices: Sequence[CollectedChoice], usage: Usage) -> bytes:
+        out = []
+        for index, ch in enumerate(choices):
+            assert ch.first is not None, "a body is built only when every choice has finished"
+            logprobs = _join_logprobs(ch.logprobs) if ch.logprobs or self.logprobs else None
+            out.append(
+                {
+                    "index": index,
+                    "text": ch.text,
+                    "logprobs": logprobs,
+                    "finish_reason": ch.finish_reason,
+                    "stop_reason": ch.stop_reason,
+                    "token_ids": ch.token_ids if self.return_token_ids else None,
+                    "prompt_logprobs": ch.first.prompt_logprobs,
+                    "prompt_token_ids": ch.first.prompt_token_ids,
+                    "routed_experts": None,
+                }
+            )
+        meta = self.meta
+        return encode(
+            {
+                "id": meta.id,
+                "object": "text_completion",
+                "created": meta.created,
+                "model": meta.model,
+                "choices": out,
+                "service_tier": None,
+                "system_fingerprint": None,
+                "usage": usage.body(),
+                "kv_transfer_params": None,
+                "ec_transfer_params": None,
+                "metrics": None,
+            }
+        )
 
 
-def _prompt_details(usage: Usage) -> dict[str, int | None] | None:
-    if usage.cached_tokens is None:
-        return None
-    return {"cached_tokens": usage.cached_tokens, "created_cache_tokens": None, "multimodal_tokens": None}
-
-
-def completion_body(meta: ResponseMeta, choices: list[dict[str, object]], usage: Usage) -> bytes:
-    return _encode(
-        {
-            "id": meta.id,
-            "object": "text_completion",
-            "created": meta.created,
-            "model": meta.model,
-            "choices": choices,
-            "service_tier": None,
-            "system_fingerprint": None,
-            "usage": {
-                **usage.as_dict(),
-                "prompt_tokens_details": _prompt_details(usage),
-                "completion_tokens_details": None,
-            },
-            "kv_transfer_params": None,
-            "ec_transfer_params": None,
-            "metrics": None,
-        }
-    )
-
-
-def error_body(err: BraidError) -> bytes:
-    return _encode(err.body())
+__all__ = ["CompletionEvents", "logprobs_dict"]

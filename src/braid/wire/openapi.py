@@ -4,17 +4,18 @@ The contract:
 
 * Every route of the app is in it, with every status it answers on purpose (an unexpected 500
   is a bug, declared nowhere but on ``POST /v1/completions``, where an engine failure is one).
+* Each route declares its own :class:`Operation` beside its view (``braid.routes.*``); this module
+  holds the parts they share and builds the document from the operations it is given.
 * A request body's schema is msgspec's JSON schema of the Struct its decoder decodes
-  (:class:`~braid.wire.completions_request.CompletionBody`, :class:`~braid.wire.chat_request.ChatBody`, those of
-  :mod:`braid.wire.tokenize_request`; ``/tokenize``'s is either of its two), so the two cannot differ. It gives the body's types; the values braid refuses (out of range, or in a
+  (``/tokenize``'s is either of its two), so the two cannot differ. It gives the body's types; the values braid refuses (out of range, or in a
   combination it cannot run) are 400s, with the field named in ``error.param``.
 * Response bodies are the Structs of :mod:`braid.wire.shapes`; a stream's events are described
   one by one (OpenAPI 3.2's ``itemSchema``): a JSON chunk or error, then ``[DONE]``.
 * The bearer scheme is always described; when the app has API keys, every operation requires
   it and lists the 401, except the routes open without a key (``Settings.open_paths``).
 
-:func:`document` builds it from the settings alone (no engine: the model's name is not in it),
-once per app.
+:func:`document` builds it from the operations and the settings (no engine: the model's name is
+not in it), once per app.
 """
 
 from __future__ import annotations
@@ -28,9 +29,6 @@ import msgspec
 from braid import errors
 from braid.settings import Settings
 from braid.wire import shapes as responses
-from braid.wire.chat_request import ChatBody
-from braid.wire.completions_request import CompletionBody
-from braid.wire.tokenize_request import DetokenizeBody, TokenizeChatBody, TokenizePromptBody
 
 OPENAPI_VERSION = "3.2.0"
 """3.2 for ``itemSchema``, the schema of each event of a ``text/event-stream`` response."""
@@ -40,12 +38,12 @@ JsonSchema = dict[str, Any]
 _REF = "#/components/schemas/{name}"
 
 
-def _ref(struct: type[msgspec.Struct]) -> JsonSchema:
+def ref(struct: type[msgspec.Struct]) -> JsonSchema:
     return {"$ref": _REF.format(name=struct.__name__)}
 
 
 @attrs.frozen
-class _Outcome:
+class Outcome:
     """One declared status of an operation."""
 
     status: int
@@ -55,16 +53,21 @@ class _Outcome:
 
 
 @attrs.frozen
-class _Operation:
+class Operation:
     method: str
     path: str
     summary: str
-    outcomes: tuple[_Outcome, ...]
+    outcomes: tuple[Outcome, ...]
     request: JsonSchema | None = None
     parameters: tuple[JsonSchema, ...] = ()
+    structs: tuple[type[msgspec.Struct], ...] = ()
+    """Every Struct its schemas refer to (they go into the document's components)."""
+    required: tuple[tuple[type[msgspec.Struct], str], ...] = ()
+    """Body fields required of a client that the decoder gives a default, so that it can report
+    a missing one itself (a 400 naming it): marked required, their default dropped."""
 
 
-def _errors(*classes: type[errors.BraidError]) -> tuple[_Outcome, ...]:
+def error_outcomes(*classes: type[errors.BraidError]) -> tuple[Outcome, ...]:
     """An error outcome per status, naming the ``error.type`` values braid sends with it."""
     by_status: dict[int, list[str]] = {}
     for cls in classes:
@@ -74,22 +77,22 @@ def _errors(*classes: type[errors.BraidError]) -> tuple[_Outcome, ...]:
     # Retry-After: braid sets it on these (admission's queue full, a draining or dead engine).
     retry = {errors.TooManyRequests.status, errors.EngineUnavailable.status}
     return tuple(
-        _Outcome(
+        Outcome(
             status,
             "error.type: " + ", ".join(types),
-            {"application/json": {"schema": _ref(responses.Error)}},
+            {"application/json": {"schema": ref(responses.Error)}},
             ("Retry-After",) if status in retry else (),
         )
         for status, types in sorted(by_status.items())
     )
 
 
-def _sse_event(chunk: type[msgspec.Struct] = responses.CompletionChunk) -> JsonSchema:
+def sse_event(chunk: type[msgspec.Struct] = responses.CompletionChunk) -> JsonSchema:
     """One event of a stream: a chunk, or an error (the last before ``[DONE]``)."""
     json_data = {
         "type": "string",
         "contentMediaType": "application/json",
-        "contentSchema": {"anyOf": [_ref(chunk), _ref(responses.Error)]},
+        "contentSchema": {"anyOf": [ref(chunk), ref(responses.Error)]},
     }
     return {
         "type": "object",
@@ -98,236 +101,109 @@ def _sse_event(chunk: type[msgspec.Struct] = responses.CompletionChunk) -> JsonS
     }
 
 
-_EXAMPLES = {
-    "text": {"prompt": "Say this is a test", "max_tokens": 16, "temperature": 0},
-    "batch_stream": {
-        "prompt": ["The sky is", "Water is"],
-        "max_tokens": 8,
-        "n": 2,
-        "stream": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-    },
-    "token_ids_logprobs": {
-        "prompt": [[72, 101, 108], [108, 111]],
-        "max_tokens": 4,
-        "logprobs": 2,
-        "echo": True,
-        "return_token_ids": True,
-    },
-    "prompt_logprobs": {"prompt": [72, 105], "max_tokens": 2, "prompt_logprobs": 1, "stop": ["\n"]},
+def json_body(schema: JsonSchema, examples: dict[str, object]) -> JsonSchema:
+    """A required JSON request body with named examples."""
+    return {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": schema,
+                "examples": {name: {"value": value} for name, value in examples.items()},
+            }
+        },
+    }
+
+
+def generation_ok(description: str, body: type[msgspec.Struct], chunk: type[msgspec.Struct]) -> Outcome:
+    """A generating route's 200: a JSON body, or with ``stream`` server-sent events."""
+    return Outcome(
+        200,
+        description + "; with `stream`, server-sent events ending with `data: [DONE]`.",
+        {"application/json": {"schema": ref(body)}, "text/event-stream": {"itemSchema": sse_event(chunk)}},
+        ("X-Request-Id",),
+    )
+
+
+GENERATION_ERRORS = error_outcomes(
+    errors.InvalidRequest,
+    errors.SchemaError,
+    errors.ModelNotFound,
+    errors.DeadlineExceeded,
+    errors.BodyTimeout,
+    errors.BodyTooLarge,
+    errors.TooManyRequests,
+    errors.EngineError,
+    errors.EngineUnavailable,
+)
+"""What a generating route answers besides its 200."""
+
+REQUEST_ID: JsonSchema = {
+    "name": "X-Request-Id",
+    "in": "header",
+    "required": False,
+    "description": "The response's id (and the engine requests' ids) instead of a random one.",
+    "schema": {"type": "string"},
 }
 
 
-def _operations() -> tuple[_Operation, ...]:
-    completion = _Outcome(
-        200,
-        "The completion; with `stream`, server-sent events ending with `data: [DONE]`.",
-        {
-            "application/json": {"schema": _ref(responses.Completion)},
-            "text/event-stream": {"itemSchema": _sse_event()},
-        },
-        ("X-Request-Id",),
-    )
-    json_ok = {"schema": {"type": "object"}}
-    chat = _Outcome(
-        200,
-        "The chat completion; with `stream`, server-sent events ending with `data: [DONE]`.",
-        {
-            "application/json": {"schema": _ref(responses.ChatCompletion)},
-            "text/event-stream": {"itemSchema": _sse_event(responses.ChatChunk)},
-        },
-        ("X-Request-Id",),
-    )
-    generation_errors = _errors(
-        errors.InvalidRequest,
-        errors.SchemaError,
-        errors.ModelNotFound,
-        errors.DeadlineExceeded,
-        errors.BodyTimeout,
-        errors.BodyTooLarge,
-        errors.TooManyRequests,
-        errors.EngineError,
-        errors.EngineUnavailable,
-    )
-    request_id = {
-        "name": "X-Request-Id",
-        "in": "header",
-        "required": False,
-        "description": "The response's id (and the engine requests' ids) instead of a random one.",
-        "schema": {"type": "string"},
-    }
-    chat_ops = tuple(
-        _Operation(
-            "post",
-            path,
-            summary,
-            (chat, *generation_errors),
-            request={
-                "required": True,
-                "content": {
-                    "application/json": {
-                        "schema": _ref(ChatBody),
-                        "examples": {"example": {"value": example}},
-                    }
-                },
-            },
-            parameters=(request_id,),
-        )
-        for path, summary, example in (
-            (
-                "/v1/chat/completions",
-                "Create a chat completion (one conversation in `messages`), as vLLM serves it",
-                {"messages": [{"role": "user", "content": "Say this is a test"}], "max_tokens": 16},
-            ),
-            (
-                "/v1/chat/completions/batch",
-                "Chat completions for a list of conversations (`messages`: a list of message lists); "
-                "braid also streams them and takes `n` > 1",
-                {"messages": [[{"role": "user", "content": "Hi"}], [{"role": "user", "content": "Bye"}]]},
-            ),
-        )
-    )
-    tokenize_errors = _errors(
-        errors.InvalidRequest,
-        errors.SchemaError,
-        errors.ModelNotFound,
-        errors.DeadlineExceeded,
-        errors.BodyTimeout,
-        errors.BodyTooLarge,
-    )
-    tokenize_ops = (
-        _Operation(
-            "post",
-            "/tokenize",
-            "Token ids of a text, or of a conversation as the chat template renders it (vLLM's route)",
-            (
-                _Outcome(200, "The token ids.", {"application/json": {"schema": _ref(responses.Tokenize)}}),
-                *tokenize_errors,
-            ),
-            request={
-                "required": True,
-                "content": {
-                    "application/json": {
-                        "schema": {"anyOf": [_ref(TokenizePromptBody), _ref(TokenizeChatBody)]},
-                        "examples": {
-                            "text": {"value": {"prompt": "Hello world", "return_token_strs": True}},
-                            "chat": {"value": {"messages": [{"role": "user", "content": "Hi"}]}},
-                        },
-                    }
-                },
-            },
+SERVER_OPERATIONS = (
+    Operation(
+        "get",
+        "/v1/models",
+        "The served model",
+        (Outcome(200, "The one model braid serves.", {"application/json": {"schema": ref(responses.ModelList)}}),),
+        structs=(responses.ModelList,),
+    ),
+    Operation(
+        "get",
+        "/health",
+        "Whether the server takes requests",
+        (
+            Outcome(200, "Healthy (empty body)."),
+            Outcome(503, "Draining, or the engine is dead (empty body)."),
         ),
-        _Operation(
-            "post",
-            "/detokenize",
-            "The text of token ids (vLLM's route)",
-            (
-                _Outcome(200, "The text.", {"application/json": {"schema": _ref(responses.Detokenize)}}),
-                *tokenize_errors,
-            ),
-            request={
-                "required": True,
-                "content": {
-                    "application/json": {
-                        "schema": _ref(DetokenizeBody),
-                        "examples": {"example": {"value": {"tokens": [0, 75, 108, 111]}}},
-                    }
-                },
-            },
-        ),
-    )
-    return (
-        *chat_ops,
-        *tokenize_ops,
-        _Operation(
-            "post",
-            "/v1/completions",
-            "Create a completion (OpenAI's legacy completions API, as vLLM serves it)",
-            (completion, *generation_errors),
-            request={
-                "required": True,
-                "content": {
-                    "application/json": {
-                        "schema": _ref(CompletionBody),
-                        "examples": {name: {"value": value} for name, value in _EXAMPLES.items()},
-                    }
-                },
-            },
-            parameters=(request_id,),
-        ),
-        _Operation(
-            "get",
-            "/v1/models",
-            "The served model",
-            (
-                _Outcome(
-                    200, "The one model braid serves.", {"application/json": {"schema": _ref(responses.ModelList)}}
-                ),
-            ),
-        ),
-        _Operation(
-            "get",
-            "/health",
-            "Whether the server takes requests",
-            (
-                _Outcome(200, "Healthy (empty body)."),
-                _Outcome(503, "Draining, or the engine is dead (empty body)."),
-            ),
-        ),
-        _Operation(
-            "get",
-            "/version",
-            "braid's version",
-            (_Outcome(200, "The version.", {"application/json": {"schema": _ref(responses.Version)}}),),
-        ),
-        _Operation(
-            "get",
-            "/metrics",
-            "Prometheus metrics",
-            (_Outcome(200, "The text exposition format.", {"text/plain": {"schema": {"type": "string"}}}),),
-        ),
-        _Operation(
-            "get",
-            "/openapi.json",
-            "This document",
-            (_Outcome(200, "The OpenAPI document.", {"application/json": json_ok}),),
-        ),
-    )
+    ),
+    Operation(
+        "get",
+        "/version",
+        "braid's version",
+        (Outcome(200, "The version.", {"application/json": {"schema": ref(responses.Version)}}),),
+        structs=(responses.Version,),
+    ),
+    Operation(
+        "get",
+        "/metrics",
+        "Prometheus metrics",
+        (Outcome(200, "The text exposition format.", {"text/plain": {"schema": {"type": "string"}}}),),
+    ),
+    Operation(
+        "get",
+        "/openapi.json",
+        "This document",
+        (Outcome(200, "The OpenAPI document.", {"application/json": {"schema": {"type": "object"}}}),),
+    ),
+)
+"""The routes of the server itself, not of one API."""
 
 
-def _components() -> dict[str, JsonSchema]:
-    structs: Sequence[type[msgspec.Struct]] = (
-        CompletionBody,
-        ChatBody,
-        TokenizePromptBody,
-        TokenizeChatBody,
-        DetokenizeBody,
-        responses.ChatCompletion,
-        responses.ChatChunk,
-        responses.Completion,
-        responses.CompletionChunk,
-        responses.Error,
-        responses.ModelList,
-        responses.Version,
-        responses.Tokenize,
-        responses.Detokenize,
-    )
+def _components(operations: Sequence[Operation]) -> dict[str, JsonSchema]:
+    structs: list[type[msgspec.Struct]] = [responses.Error]
+    for op in operations:
+        structs.extend(s for s in op.structs if s not in structs)
     _, schemas = msgspec.json.schema_components(structs, ref_template=_REF)
-    # msgspec gives ``prompt`` the default the decoder needs to report a missing prompt itself
-    # (a 400 naming it); to a client it is required, and it has no default.
-    body = schemas[CompletionBody.__name__]
-    body["required"] = ["prompt"]
-    del body["properties"]["prompt"]["default"]
-    chat = schemas[ChatBody.__name__]
-    chat["required"] = ["messages"]
-    del chat["properties"]["messages"]["default"]
+    for op in operations:
+        for struct, name in op.required:
+            schema = schemas[struct.__name__]
+            if name not in schema.get("required", []):
+                schema["required"] = [*schema.get("required", []), name]
+            schema["properties"][name].pop("default", None)
     return schemas
 
 
-def _responses(op: _Operation, guarded: bool) -> JsonSchema:
+def _responses(op: Operation, guarded: bool) -> JsonSchema:
     outcomes = op.outcomes
     if guarded:
-        outcomes = (*outcomes, *_errors(errors.Unauthorized))
+        outcomes = (*outcomes, *error_outcomes(errors.Unauthorized))
     out: JsonSchema = {}
     for o in sorted(outcomes, key=lambda o: o.status):
         entry: JsonSchema = {"description": o.description}
@@ -339,11 +215,12 @@ def _responses(op: _Operation, guarded: bool) -> JsonSchema:
     return out
 
 
-def document(settings: Settings, version: str) -> JsonSchema:
-    """The OpenAPI document of an app with these settings (the keys decide the security)."""
+def document(settings: Settings, version: str, operations: Sequence[Operation]) -> JsonSchema:
+    """The OpenAPI document of an app that serves these operations with these settings (the keys
+    decide the security)."""
     keys = bool(settings.api_keys)
     paths: JsonSchema = {}
-    for op in _operations():
+    for op in operations:
         guarded = keys and not (op.method == "get" and op.path in settings.open_paths)
         entry: JsonSchema = {"summary": op.summary, "responses": _responses(op, guarded)}
         if op.parameters:
@@ -362,7 +239,7 @@ def document(settings: Settings, version: str) -> JsonSchema:
         },
         "paths": paths,
         "components": {
-            "schemas": _components(),
+            "schemas": _components(operations),
             "securitySchemes": {
                 "bearer": {
                     "type": "http",
@@ -378,8 +255,22 @@ def document(settings: Settings, version: str) -> JsonSchema:
     return doc
 
 
-def encoded(settings: Settings, version: str) -> bytes:
-    return msgspec.json.encode(document(settings, version))
+def encoded(settings: Settings, version: str, operations: Sequence[Operation]) -> bytes:
+    return msgspec.json.encode(document(settings, version, operations))
 
 
-__all__ = ["OPENAPI_VERSION", "document", "encoded"]
+__all__ = [
+    "GENERATION_ERRORS",
+    "OPENAPI_VERSION",
+    "REQUEST_ID",
+    "SERVER_OPERATIONS",
+    "Operation",
+    "Outcome",
+    "document",
+    "encoded",
+    "error_outcomes",
+    "generation_ok",
+    "json_body",
+    "ref",
+    "sse_event",
+]

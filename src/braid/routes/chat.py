@@ -1,0 +1,158 @@
+"""``POST /v1/chat/completions`` and its batch route: their views, output and OpenAPI entries.
+
+The same data path as :mod:`braid.routes.completions` (the same admission, plan, run, merger and
+errors); only the prompts differ (rendered from the messages by the model's chat template:
+:mod:`braid.wire.chat_request`, :func:`braid.stream.tokenize.render_conversations`), and the
+shapes (:class:`braid.wire.chat_response.ChatEvents`: a role chunk per choice first, chat's
+logprobs).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from braid.engine.base import Tokenizer
+from braid.errors import BraidError
+from braid.routes.common import (
+    AppState,
+    Route,
+    View,
+    ViewResult,
+    admit,
+    check_deadline,
+    collect,
+    error_response,
+    open_run,
+    plan_request,
+    stream,
+)
+from braid.stream.merge import ResponseCollector, StreamMerger
+from braid.stream.plan import Plan
+from braid.stream.render import ChoiceRenderer
+from braid.stream.tokenize import render_conversations
+from braid.wire import shapes
+from braid.wire.chat_request import ChatBody, ChatRequest, parse_chat
+from braid.wire.chat_response import ChatEvents, ChatPrompts, ChatShape
+from braid.wire.completions_request import TextPrompt, build_request
+from braid.wire.messages import echo_text, response_role
+from braid.wire.openapi import GENERATION_ERRORS, REQUEST_ID, Operation, generation_ok, json_body, ref
+
+
+async def chat_completions(
+    state: AppState,
+    read_body: Callable[[], Awaitable[bytes]],
+    *,
+    content_type: str | None,
+    request_id: str | None,
+    batch: bool = False,
+) -> ViewResult:
+    """Answer one chat request (``batch``: the batch route, a list of conversations), as
+    :func:`braid.routes.completions.completions` answers its requests: the same admission, plan,
+    run, errors and cancellation."""
+    try:
+        ticket, arrived, deadline = admit(state, content_type, request_id)
+        try:
+            chat = parse_chat(
+                await read_body(),
+                state.limits,
+                max_model_len=state.engine.info.max_model_len,
+                batch=batch,
+                trust_template=state.settings.trust_request_chat_template,
+            )
+            with trio.move_on_at(deadline):
+                texts = await render_conversations(chat, state.engine.tokenizer, state.tokenize_limiter)
+            check_deadline(deadline, state.settings.request_timeout)
+            req = build_request(
+                chat.body,
+                tuple(TextPrompt(t) for t in texts),
+                state.limits,
+                chat.structured,
+                max_tokens_param="max_completion_tokens",
+            )
+            plan = await plan_request(state, req, request_id, deadline, "chatcmpl")
+            shape = chat_shape(chat)
+        except BaseException:
+            ticket.close()
+            raise
+        run = open_run(state, plan, ticket, arrived, deadline)
+        if plan.stream:
+            return stream(run, merger(plan, state.engine.tokenizer, shape))
+        return await collect(run, request_id, collector(plan, state.engine.tokenizer, shape))
+    except BraidError as err:
+        return error_response(err)
+
+
+def chat_shape(chat: ChatRequest) -> ChatShape:
+    """What the response adds to the plan: each conversation's reply role and echoed text."""
+    roles = tuple(response_role(c, chat.template) for c in chat.conversations)
+    return ChatShape(
+        roles=roles,
+        echo=tuple(echo_text(c, r) if chat.echo else "" for c, r in zip(chat.conversations, roles, strict=True)),
+        top_logprobs=chat.top_logprobs if chat.logprobs else None,
+    )
+
+
+def _parts(plan: Plan, tokenizer: Tokenizer, shape: ChatShape) -> tuple[ChoiceRenderer, ChatEvents]:
+    renderer = ChoiceRenderer(plan, tokenizer, chat_top=0 if shape.top_logprobs is None else shape.top_logprobs)
+    prompts = ChatPrompts(
+        token_ids=tuple(item.request.prompt_token_ids for item in plan.items),
+        n=plan.n,
+        return_token_ids=plan.return_token_ids,
+        continuous_usage=plan.continuous_usage,
+    )
+    return renderer, ChatEvents(plan.meta, shape, prompts)
+
+
+def merger(plan: Plan, tokenizer: Tokenizer, shape: ChatShape) -> StreamMerger:
+    """The stream of a chat plan: role (and echo) chunks first, then ``chat.completion.chunk`` s."""
+    return StreamMerger(plan, *_parts(plan, tokenizer, shape))
+
+
+def collector(plan: Plan, tokenizer: Tokenizer, shape: ChatShape) -> ResponseCollector:
+    """The whole ``chat.completion`` body of a chat plan."""
+    return ResponseCollector(plan, *_parts(plan, tokenizer, shape))
+
+
+def _operation(path: str, summary: str, example: object) -> Operation:
+    return Operation(
+        "post",
+        path,
+        summary,
+        (generation_ok("The chat completion", shapes.ChatCompletion, shapes.ChatChunk), *GENERATION_ERRORS),
+        request=json_body(ref(ChatBody), {"example": example}),
+        parameters=(REQUEST_ID,),
+        structs=(ChatBody, shapes.ChatCompletion, shapes.ChatChunk),
+        # As completions' ``prompt``: defaulted for the decoder, required of a client.
+        required=((ChatBody, "messages"),),
+    )
+
+
+chat_completions_batch: View = functools.partial(chat_completions, batch=True)
+
+ROUTES = (
+    Route(
+        "/v1/chat/completions",
+        chat_completions,
+        _operation(
+            "/v1/chat/completions",
+            "Create a chat completion (one conversation in `messages`), as vLLM serves it",
+            {"messages": [{"role": "user", "content": "Say this is a test"}], "max_tokens": 16},
+        ),
+    ),
+    Route(
+        "/v1/chat/completions/batch",
+        chat_completions_batch,
+        _operation(
+            "/v1/chat/completions/batch",
+            "Chat completions for a list of conversations (`messages`: a list of message lists); "
+            "braid also streams them and takes `n` > 1",
+            {"messages": [[{"role": "user", "content": "Hi"}], [{"role": "user", "content": "Bye"}]]},
+        ),
+    ),
+)
+
+
+__all__ = ["ROUTES", "chat_completions", "chat_completions_batch", "chat_shape", "collector", "merger"]
