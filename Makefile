@@ -32,8 +32,9 @@ $(STAMP): pyproject.toml
 serve: install
 	$(BIN)/braid serve $(ARGS)
 
-# The quality gates, in seconds: lint, types (src/ and model/; mypy does not follow into vLLM or
-# torch, see pyproject.toml), then formatting. `ruff format .` and `ruff check --fix .` repair most.
+# The quality gates, in seconds: lint (trio's ASYNC rules included), types (the whole tree: src/,
+# model/, tests/, property_tests/, tools/ and bench/; mypy does not follow into vLLM or torch, see
+# pyproject.toml), then formatting. `ruff format .` and `ruff check --fix .` repair most.
 check: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m mypy

@@ -21,14 +21,14 @@ from hypothesis import HealthCheck, settings
 # saw no failing test (slot_leak_on_abort). A None entry makes the import fail at once.
 sys.modules.setdefault("hypothesis.extra._patching", None)  # type: ignore[arg-type]
 
-_common = {
-    "deadline": None,
-    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
-    "print_blob": True,
-}
-settings.register_profile("ci", max_examples=200, derandomize=True, database=None, **_common)
-settings.register_profile("mutants", max_examples=60, derandomize=True, database=None, **_common)
-settings.register_profile("dev", max_examples=500, **_common)
+_common = settings(
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+settings.register_profile("ci", _common, max_examples=200, derandomize=True, database=None)
+settings.register_profile("mutants", _common, max_examples=60, derandomize=True, database=None)
+settings.register_profile("dev", _common, max_examples=500)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # tools/mutants.py runs this suite against a mutated copy of src/: make sure that copy is the one imported.

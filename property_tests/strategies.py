@@ -7,11 +7,21 @@ delay) often.
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from hypothesis import strategies as st
 
 from property_tests.harness import CHAT_INVALID_BODIES, INVALID_BODIES, Scenario
 
 TIMES = st.sampled_from([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 40.0])
+
+
+class _ChatFields(TypedDict, total=False):
+    """The chat fields of a Scenario (left out of a completions request: Scenario's defaults)."""
+
+    chat: str | None
+    tails: tuple[str | None, ...]
+    add_generation_prompt: bool
 
 
 @st.composite
@@ -77,7 +87,7 @@ def scenarios(
         bad = draw(st.none() | st.sampled_from(sorted(bodies)))
     elif invalid:
         bad = draw(st.sampled_from(sorted(bodies)))
-    chat_fields = {}
+    chat_fields: _ChatFields = {}
     if chat:
         chat_fields = {
             "chat": route,

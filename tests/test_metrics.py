@@ -16,7 +16,7 @@ from braid.metrics import ABORT_CAUSES, ITL_BUCKETS, Metrics, PlainHistogram, To
 from braid.settings import Settings
 from braid.stream.admit import Admission
 from braid.stream.run import CompletionRun
-from tests.helpers import aborts, plan_for
+from tests.helpers import aborts, arrivals, plan_for
 
 # A token every 0.09 s of virtual time: inside the buckets le=0.1 (ITL, TTFT), away from bounds.
 DELAY = 0.09
@@ -162,7 +162,7 @@ async def test_merged_outputs_count_every_token(autojump_clock: trio.testing.Moc
     async with CompletionRun(engine, plan, m, Settings(buffer=1)) as run:
         while True:
             try:
-                outputs.extend(await run.receive_ready())
+                outputs.extend(arrivals(await run.receive_ready()))
             except trio.EndOfChannel:
                 break
             await trio.sleep(0.035)
@@ -322,12 +322,12 @@ async def test_every_prompt_is_counted_once_finished_failed_or_aborted(
     m = Metrics()
     prompts = 0
 
-    async def one(body: bytes, timeout: float | None = None) -> None:
+    async def one(body: bytes, request_timeout: float | None = None) -> None:
         nonlocal prompts
         plan = plan_for(engine, body)
         prompts += len(plan.items)
-        deadline = trio.current_time() + timeout if timeout is not None else math.inf
-        settings = Settings(request_timeout=timeout)
+        deadline = trio.current_time() + request_timeout if request_timeout is not None else math.inf
+        settings = Settings(request_timeout=request_timeout)
         run = CompletionRun(engine, plan, m, settings, ticket=adm.admit(), deadline=deadline)
         try:
             async with run:

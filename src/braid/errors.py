@@ -27,7 +27,7 @@ vLLM renders an ``HTTPException``.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, TypedDict
 
 
 class BraidError(Exception):
@@ -42,11 +42,22 @@ class BraidError(Exception):
         self.param = param
         self.retry_after = retry_after
 
-    def body(self) -> dict[str, object]:
+    def body(self) -> ErrorBody:
         return error_payload(self.message, self.type, self.param, self.status)
 
 
-def error_payload(message: str, type: str, param: str | None, code: int) -> dict[str, object]:
+class ErrorDetail(TypedDict):
+    message: str
+    type: str
+    param: str | None
+    code: int
+
+
+class ErrorBody(TypedDict):
+    error: ErrorDetail
+
+
+def error_payload(message: str, type: str, param: str | None, code: int) -> ErrorBody:
     """vLLM's error body; ``code`` is the integer HTTP status."""
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 

@@ -9,6 +9,7 @@ import contextlib
 import enum
 import socket
 import types
+from typing import Any, cast
 
 import attrs
 import pytest
@@ -17,6 +18,7 @@ import trio.testing
 import zmq
 
 from braid.engine.base import EngineOutput, EngineRequest, ModelInfo, SamplingParams
+from braid.engine.vllm_common import HfTokenizer
 from braid.engine.vllm_core import MAX_BURST, OUTPUT_CHUNK, OutputSlot, VllmCoreEngine
 from braid.errors import BraidError, EngineError, EngineUnavailable
 
@@ -190,11 +192,14 @@ class FakeSocket:
 
 
 class FakeInputSocket:
+    """Records each message: (engine identity, request type, payload), the payload as given
+    (the fake encoder passes it through)."""
+
     def __init__(self) -> None:
-        self.sent: list[tuple[object, ...]] = []
+        self.sent: list[tuple[bytes, bytes, Any]] = []
         self.fail_on: int | None = None  # the index of the send that fails
 
-    def send_multipart(self, message: tuple[object, ...], copy: bool = True) -> None:
+    def send_multipart(self, message: tuple[bytes, bytes, Any], copy: bool = True) -> None:
         if self.fail_on is not None and len(self.sent) == self.fail_on:
             self.fail_on = None
             raise zmq.ZMQError(zmq.EHOSTUNREACH)
@@ -238,7 +243,7 @@ class FakeClient:
 class Step:
     """One engine step's message (vLLM's EngineCoreOutputs, as far as the pump reads it)."""
 
-    outputs: list[str]
+    outputs: list[str] | list[tuple[str, Out]]  # ids, or (id, output) for PuttingOutputProcessor
     utility_output: object = None
     timestamp: float = 0.0
     scheduler_stats: object = None
@@ -325,11 +330,11 @@ def make_engine() -> tuple[VllmCoreEngine, FakeSocket, FakeClient, FakeOutputPro
         op,
         (),
         info,
-        None,
+        cast(HfTokenizer, None),  # never used: nothing is tokenized here
         kind,
         types.SimpleNamespace,
         FakeParent,
-        RequestTypes,  # type: ignore[arg-type]
+        RequestTypes,
     )
     return engine, sock, client, op
 
@@ -338,7 +343,7 @@ def sent_kinds(client: FakeClient) -> list[tuple[bytes, object]]:
     return [
         (kind, payload.request_id if kind == RequestTypes.ADD.value else payload)
         for _, kind, payload in client.input_socket.sent
-    ]  # type: ignore[attr-defined]
+    ]
 
 
 N2 = EngineRequest("r", (1, 2), SamplingParams(max_tokens=4, n=2), "ab")

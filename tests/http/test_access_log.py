@@ -17,17 +17,32 @@ import pytest
 import trio
 
 from braid import logs
+from braid.addresses import parse_allowed
 from braid.http.access_log import MAX_VALUE_CHARS
-from braid.http.forwarded import ForwardedFor, parse_allowed
+from braid.http.forwarded import ForwardedFor
 from tests.helpers import LiveServer, parse_sse, start_server
 
 KEY = "key-one"
 
 
+class WatchedText(io.StringIO):
+    """A text stream that wakes its waiters at each write (a log handler writes on the Trio
+    thread, as the request it logs ends)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = trio.lowlevel.ParkingLot()
+
+    def write(self, s: str) -> int:
+        n = super().write(s)
+        self.written.unpark_all()
+        return n
+
+
 @attrs.define
 class Logs:
     format: logs.LogFormat
-    access: io.StringIO
+    access: WatchedText
     errors: io.StringIO
 
     def access_lines(self) -> list[str]:
@@ -38,7 +53,7 @@ class Logs:
         written when the app returns, just after the client has the response's last byte)."""
         with trio.fail_after(10):
             while len(self.access_lines()) < count:
-                await trio.sleep(0.005)
+                await self.access.written.park()
         lines = self.access_lines()
         assert len(lines) == count, lines
         return [parse(line, self.format) for line in lines]
@@ -80,7 +95,7 @@ def captured(request: pytest.FixtureRequest) -> Iterator[Logs]:
     """Every record at every level, routed by braid.logs.configure, in each format."""
     root, access = logging.getLogger(), logging.getLogger(logs.ACCESS_LOGGER)
     saved = (root.handlers[:], root.level, access.handlers[:], access.propagate)
-    out = Logs(request.param, io.StringIO(), io.StringIO())
+    out = Logs(request.param, WatchedText(), io.StringIO())
     logs.configure(request.param, level=logging.DEBUG, errors=out.errors, access=out.access)
     try:
         yield out
@@ -119,7 +134,7 @@ async def test_refusals_are_logged_and_odd_values_stay_on_one_line(nursery: trio
     srv = await start_server(nursery, access_log=True, api_keys=(KEY,))
     odd_id = 'a "quoted" id\\ é\t\x85'  # latin-1 bytes, as a header's are decoded
     async with httpx.AsyncClient(base_url=srv.url, timeout=10) as c:
-        refused = await c.get("/v1/models", headers={"X-Request-Id": odd_id.encode("latin-1")})
+        refused = await c.get("/v1/models", headers={b"X-Request-Id": odd_id.encode("latin-1")})
         missing = await c.get("/%0Anope", headers={"Authorization": f"Bearer {KEY}", "User-Agent": 'ua "x"'})
         long = await c.get("/" + "p" * 5000, headers={"X-Request-Id": "i" * 5000, "User-Agent": "u" * 5000})
     assert (refused.status_code, missing.status_code, long.status_code) == (401, 404, 401)

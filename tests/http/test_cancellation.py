@@ -50,8 +50,7 @@ async def test_stream_error_in_prompt_17_aborts_siblings_at_once(nursery: trio.N
         async with client.stream("POST", "/v1/completions", json={"prompt": prompts, "stream": True, **LONG}) as r:
             # Not reading: the siblings must be aborted by the failure itself, not by the consumer.
             with trio.fail_after(5):
-                while srv.engine.failed_total == 0:
-                    await trio.sleep(0.001)
+                await srv.engine.wait_until(lambda: srv.engine.failed_total > 0)
             took = await srv.wait_idle(ABORTED_WITHIN)
             events = parse_sse(await r.aread())
     assert srv.engine.failed_total == 1 and srv.engine.aborted_total == 63
@@ -82,8 +81,7 @@ async def test_non_stream_disconnect_aborts_all(nursery: trio.Nursery) -> None:
         # the client gives up once all 64 are generating (not after a fixed time: a busy machine
         # may take longer to start them)
         with trio.fail_after(10):
-            while srv.engine.in_flight < 64:
-                await trio.sleep(0.01)
+            await srv.engine.wait_until(lambda: srv.engine.in_flight >= 64)
         inner.cancel_scope.cancel()
     took = await srv.wait_idle(ABORTED_WITHIN)
     assert srv.engine.aborted_total == 64 and srv.aborts() == {"disconnect": 64}
@@ -106,8 +104,7 @@ async def test_client_that_stops_reading_is_aborted_after_stall_timeout(nursery:
     )
     # never read: once the socket buffers fill, the drivers stall and abort their requests
     with trio.fail_after(10):
-        while srv.engine.aborted_total < 4:
-            await trio.sleep(0.01)
+        await srv.engine.wait_until(lambda: srv.engine.aborted_total >= 4)
     assert srv.engine.in_flight == 0 and srv.engine.finished_total == 0
     assert srv.aborts() == {"stall": 4}
     await stream.aclose()
@@ -221,8 +218,7 @@ async def test_a_failure_aborts_the_batch_while_the_client_reads_nothing(nursery
     stream = await open_stalled_client(srv.url, body)
     try:
         with trio.fail_after(10):  # the failure comes at fail_at x 5 ms of engine time
-            while srv.engine.failed_total == 0:
-                await trio.sleep(0.001)
+            await srv.engine.wait_until(lambda: srv.engine.failed_total > 0)
         failed_at = trio.current_time()
         took = await srv.wait_idle(0.1)
     finally:

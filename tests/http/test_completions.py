@@ -15,13 +15,14 @@ pytestmark = pytest.mark.usefixtures("server")
 async def test_batch_json_returns_choices_in_prompt_order_with_summed_usage(
     client: httpx.AsyncClient, server: LiveServer
 ) -> None:
-    body = {"model": "scripted", "prompt": ["Hello", "World"], "max_tokens": 4, "temperature": 0}
+    prompts = ["Hello", "World"]
+    body = {"model": "scripted", "prompt": prompts, "max_tokens": 4, "temperature": 0}
     r = await client.post("/v1/completions", json=body)
     assert r.status_code == 200, r.text
     data = r.json()
     assert data["object"] == "text_completion" and data["id"].startswith("cmpl-")
     assert [c["index"] for c in data["choices"]] == [0, 1]
-    prompt_tokens = sum(len(server.engine.tokenizer.encode(p)) for p in body["prompt"])
+    prompt_tokens = sum(len(server.engine.tokenizer.encode(p)) for p in prompts)
     # Scripted tokens are one character each; a "stop" here is EOS, one token with no text.
     completion_tokens = sum(len(c["text"]) + (c["finish_reason"] == "stop") for c in data["choices"])
     assert data["usage"] == {
@@ -325,11 +326,11 @@ async def test_a_large_text_batch_is_tokenized_off_the_trio_thread(
         events = parse_sse(await r.aread())
     assert tok.threads == ["many:worker"]  # one batch on a worker thread, nothing inline
     assert events[-1] == "[DONE]"
-    usage = events[-2]["usage"]  # type: ignore[index]
+    usage = events[-2]["usage"]
     assert usage["prompt_tokens"] == sum(len(tok.encode(p)) for p in prompts)
-    texts = {}
+    texts: dict[int, str] = {}
     for e in events[:-2]:
-        for c in e["choices"]:  # type: ignore[index]
+        for c in e["choices"]:
             texts[c["index"]] = texts.get(c["index"], "") + c["text"]
     assert all(texts[i].startswith(p) for i, p in enumerate(prompts))  # each echo is its own prompt
 

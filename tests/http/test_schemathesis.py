@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 
 import attrs
 import httpx
@@ -106,14 +107,15 @@ class _ThreadedServer:
 
 
 @contextmanager
-def _serve_in_thread(**settings: object) -> Iterator[_ThreadedServer]:
-    """braid on a live server (tests.helpers.start_server) in a Trio loop of its own thread."""
+def _serve_in_thread(start: Callable[[trio.Nursery], Awaitable[LiveServer]]) -> Iterator[_ThreadedServer]:
+    """braid on a live server (``start``: tests.helpers.start_server with its settings) in a Trio
+    loop of its own thread."""
     started: list[_ThreadedServer] = []
     ready = threading.Event()
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            started.append(_ThreadedServer(await start_server(nursery, **settings), trio.lowlevel.current_trio_token()))
+            started.append(_ThreadedServer(await start(nursery), trio.lowlevel.current_trio_token()))
             ready.set()
 
     # A daemon: a server that failed to stop cannot keep pytest from exiting.
@@ -132,7 +134,8 @@ def _serve_in_thread(**settings: object) -> Iterator[_ThreadedServer]:
 def test_every_route_conforms_to_the_document(keys: bool) -> None:
     headers = {"Authorization": f"Bearer {KEY}"} if keys else {}
     # Small limits: a request the schema allows stays short (at most 16 choices).
-    with _serve_in_thread(api_keys=(KEY,) if keys else (), max_prompts=8, max_choices=16) as server:
+    server_start = partial(start_server, api_keys=(KEY,) if keys else (), max_prompts=8, max_choices=16)
+    with _serve_in_thread(server_start) as server:
         url = server.live.url
         document = httpx.get(url + "/openapi.json", headers=headers).raise_for_status().json()
         config = schemathesis.Config.from_dict(

@@ -9,11 +9,16 @@ import attrs
 import httpx
 import pytest
 import trio
+import trio.testing
 
+from braid.cli.config import server_config_from
+from braid.cli.parser import build_parser
 from braid.engine.scripted import ScriptedEngine
 from braid.http.app import create_app
+from braid.http.patches import PatchOptions
 from braid.http.server import ServerConfig, hypercorn_config, serve
 from braid.settings import Settings
+from braid.stream.admit import Ticket
 from tests.helpers import LiveServer, listen_queue, parse_sse, start_server
 
 SHORT = {"max_tokens": 30, "ignore_eos": True}
@@ -35,9 +40,18 @@ async def test_the_listen_backlog_reaches_the_socket(nursery: trio.Nursery, back
 
 def test_the_write_timeout_defaults_to_the_stall_timeout() -> None:
     assert ServerConfig().write_timeout == Settings().stall_timeout
-    config = hypercorn_config(ServerConfig(write_timeout=2.5, fast_send=False))
+    config = hypercorn_config(ServerConfig(write_timeout=2.5))
     assert config.write_deadlines is not None and config.write_deadlines.timeout == 2.5
-    assert config.fast_send is False
+
+
+def test_stock_send_turns_off_the_fast_send_and_nothing_else() -> None:
+    """Every patch is on by default; ``--stock-send`` is the fast send's switch alone
+    (tests/http/patches/test_install.py: each switch installs or leaves out its patch only)."""
+    assert server_config_from(build_parser().parse_args(["serve"])).patch_options == PatchOptions()
+    stock = server_config_from(build_parser().parse_args(["serve", "--stock-send"]))
+    assert stock.patch_options == PatchOptions(fast_send=False)
+    both = ServerConfig(fast_send=False, patches=PatchOptions(h11_body=False))
+    assert both.patch_options == PatchOptions(fast_send=False, h11_body=False)
 
 
 def test_server_config_refuses_nonsense() -> None:
@@ -55,9 +69,28 @@ def test_server_config_refuses_nonsense() -> None:
 
 async def _drain_started(srv: LiveServer) -> None:
     srv.shutdown.set()
-    with trio.fail_after(5):
-        while not srv.app.state.draining:
-            await trio.sleep(0.001)
+    # serve() wakes on the event and marks the app draining, on no clock and no socket: done by
+    # the time every task is blocked
+    await trio.testing.wait_all_tasks_blocked()
+    assert srv.app.state.draining
+
+
+async def _queued(srv: LiveServer, count: int) -> None:
+    """Wait until ``count`` requests wait for their first engine slot, checked at each move of
+    the admission (a request counts as queued when admitted, and then asks for its slot)."""
+    admission = srv.app.state.admission
+    moved = trio.lowlevel.ParkingLot()
+
+    def observe(_move: str, _ticket: Ticket, _slots: int) -> None:
+        moved.unpark_all()
+
+    admission.observer = observe
+    try:
+        with trio.fail_after(5):
+            while admission.queued != count:
+                await moved.park()
+    finally:
+        admission.observer = None
 
 
 async def _first_event(r: httpx.Response) -> AsyncIterator[bytes]:
@@ -113,9 +146,7 @@ async def test_queued_requests_run_during_a_drain(nursery: trio.Nursery) -> None
             chunks = await _first_event(r)
             async with trio.open_nursery() as inner:
                 await inner.start(second)
-                with trio.fail_after(5):
-                    while srv.app.state.admission.queued != 1:
-                        await trio.sleep(0.001)
+                await _queued(srv, 1)
                 await _drain_started(srv)
                 body = b"".join([c async for c in chunks])
     assert body.endswith(b"data: [DONE]\n\n") and b'"error"' not in body
@@ -143,12 +174,9 @@ async def test_a_drain_out_of_time_ends_running_and_queued_requests(nursery: tri
         async with trio.open_nursery() as inner:
             inner.start_soon(post, "running")
             with trio.fail_after(5):
-                while srv.engine.in_flight != 1:
-                    await trio.sleep(0.001)
+                await srv.engine.wait_until(lambda: srv.engine.in_flight == 1)
             inner.start_soon(post, "queued")
-            with trio.fail_after(5):
-                while srv.app.state.admission.queued != 1:
-                    await trio.sleep(0.001)
+            await _queued(srv, 1)
             start = trio.current_time()
             await _drain_started(srv)
         took = trio.current_time() - start

@@ -45,7 +45,8 @@ waiting (as in vLLM's output collector, an error replaces what the reader had no
 
 The engine counts requests in flight, finished, failed and aborted, and keeps the ids of aborted
 and failed requests (so a test can see that none was aborted twice) and each batch a run asked to
-abort at once.
+abort at once. :meth:`ScriptedEngine.wait_until` waits for a condition on those counts, woken at
+each change of them (a test waits on the engine this way, instead of polling it).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ import hashlib
 import math
 import re
 import struct
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -458,6 +459,14 @@ class ScriptedEngine:
     failed_ids: list[str] = attrs.field(factory=list)
     batch_aborts: list[tuple[str, ...]] = attrs.field(factory=list)
     prefix_cache: PrefixCache = attrs.field(factory=PrefixCache)
+    _changed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot, init=False, repr=False)
+    """Woken when a request opens, fails or ends (what the counts above change with)."""
+
+    async def wait_until(self, condition: Callable[[], bool]) -> None:
+        """Return once ``condition()`` holds, checked now and again each time a request opens,
+        fails or ends; bound it with ``trio.fail_after``."""
+        while not condition():
+            await self._changed.park()
 
     @property
     def aborted_total(self) -> int:
@@ -515,10 +524,12 @@ class ScriptedEngine:
 
         def failed(err: BraidError) -> None:
             self.failed_ids.append(request.request_id)  # when it fails, not when it is read
+            self._changed.unpark_all()
             if on_failure is not None:
                 on_failure(err)
 
         self.in_flight += 1
+        self._changed.unpark_all()
         try:
             if self.token_delay > 0:
                 async with _on_own_clock(gen, failed, deliver) as outputs:
@@ -535,6 +546,7 @@ class ScriptedEngine:
                 self.finished_total += 1
             elif gen.failure is None:
                 self.aborted_ids.append(request.request_id)
+            self._changed.unpark_all()
 
 
 @asynccontextmanager
