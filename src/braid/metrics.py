@@ -14,18 +14,27 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import Literal, Protocol, get_args
 
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.metrics_core import HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
-if TYPE_CHECKING:
-    from braid.engine.base import ChoiceDelta
-
 # The *_created series double the output and no dashboard of ours reads them.
 disable_created_metrics()
+
+
+class _Delta(Protocol):
+    """What :meth:`TokenTimer.seen` reads of an engine's choice delta
+    (:class:`braid.engine.base.ChoiceDelta`): metrics sit below the engines."""
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def token_ids(self) -> Sequence[int]: ...
+
 
 AbortCause = Literal["disconnect", "error", "stall", "timeout", "drain", "queue"]
 """Why braid aborted an engine request (the ``cause`` label of ``braid_engine_aborts_total``):
@@ -241,7 +250,7 @@ class TokenTimer:
         self._first = True  # no token yet
         self._last: list[float | None] = [None] * choices  # per choice: when its previous tokens came
 
-    def seen(self, deltas: Sequence[ChoiceDelta], now: float) -> None:
+    def seen(self, deltas: Sequence[_Delta], now: float) -> None:
         """An output with these deltas was received at ``now`` (Trio's clock)."""
         last = self._last
         for delta in deltas:

@@ -59,8 +59,8 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 import msgspec
 
+from braid.engine.constraint import Structured
 from braid.errors import BraidError, InvalidRequest
-from braid.wire.structured import Structured
 
 TopLogprobs = Mapping[int, "Logprob"]
 """Logprobs at one position: token id -> logprob, the sampled (or actual prompt) token first."""
@@ -152,7 +152,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     logit_bias: tuple[tuple[int, float], ...] | None = None
     structured_outputs: Structured | None = None
-    """The output's constraint (:mod:`braid.wire.structured`), from ``structured_outputs``,
+    """The output's constraint (:mod:`braid.engine.constraint`), from ``structured_outputs``,
     ``response_format`` or the deprecated ``guided_*`` fields; vLLM's field of the same name."""
     passthrough: PassThrough = attrs.field(factory=PassThrough)
     """The fields passed to the engine as the client sent them."""

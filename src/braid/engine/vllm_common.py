@@ -18,8 +18,8 @@ import msgspec
 import trio
 
 from braid.engine.base import ChoiceDelta, EngineOutput, EngineRequest, Logprob, SamplingParams, TopLogprobs
+from braid.engine.constraint import Structured
 from braid.errors import BraidError, EngineError, EngineRejected, EngineUnavailable, InvalidRequest
-from braid.wire.structured import Structured
 
 # What vLLM needs on a CPU machine. tools/servers.py gives vLLM's
 # own server the same, so the parity tier and the benchmarks compare like with like.
