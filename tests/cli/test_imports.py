@@ -1,4 +1,5 @@
-"""The import structure: no cycle in braid, the settings on the ground floor, no quart in the CLI."""
+"""The import structure: no cycle in braid, every import downwards by layer (docs/architecture.md's
+folder map), mergers without trio, the settings on the ground floor, no quart in the CLI."""
 
 from __future__ import annotations
 
@@ -70,6 +71,56 @@ def test_no_import_cycle_in_braid() -> None:
     assert graph["braid.http.forwarded"] >= {"braid.addresses", "braid.http.asgi"}  # the parser sees edges
     assert _cycles(graph) == []
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+LAYERS = (
+    ("braid", "braid.errors", "braid.settings", "braid.logs", "braid.metrics", "braid.addresses"),
+    ("braid.engine", "braid.models"),
+    ("braid.wire",),
+    ("braid.stream",),
+    ("braid.routes",),
+    ("braid.http",),
+    ("braid.cli", "braid.__main__"),
+)
+"""src/braid's layers, lowest first: the root modules, the engines (and the model they are tested
+on), the OpenAI wire format, the route-independent stream machinery, the routes, the HTTP edge,
+the entry points. A module imports only from its own layer and the layers below."""
+
+
+def _layer(module: str) -> int:
+    if module in LAYERS[0]:  # the root modules by name: every module's name starts with "braid"
+        return 0
+    for depth, prefixes in enumerate(LAYERS[1:], start=1):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return depth
+    raise AssertionError(f"{module} is in no layer of LAYERS: put it in a layer's folder")
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} -> {t}" for m, targets in graph.items() for t in targets if _layer(t) > _layer(m))
+
+
+def test_every_import_points_down_the_layers() -> None:
+    paths = sorted((SRC / "braid").rglob("*.py"))
+    modules = {_module(p) for p in paths}
+    graph = {_module(p): _imports(p, modules) for p in paths}
+    assert _upward(graph) == []
+    # the check itself: a wire module importing a route is upward, a route importing wire is not
+    assert _upward({"braid.wire.x": {"braid.routes.y"}, "braid.routes.y": {"braid.wire.x"}}) == [
+        "braid.wire.x -> braid.routes.y"
+    ]
+
+
+def test_the_root_holds_at_most_eight_modules() -> None:
+    root = {p.stem for p in (SRC / "braid").glob("*.py")} - {"__init__", "__main__"}
+    assert len(root) <= 8, sorted(root)
+    assert {f"braid.{m}" for m in root} <= set(LAYERS[0]), "a new root module must be in the ground layer"
+
+
+def test_the_mergers_import_no_trio() -> None:
+    """The merge is pure: driven by the run's consumer, it must not reach trio through any module."""
+    for module in ("braid.stream.merge", "braid.wire.completions_response", "braid.wire.chat_response"):
+        assert "trio" not in _imported_by(module), module
 
 
 def _imported_by(module: str) -> set[str]:
