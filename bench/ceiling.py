@@ -203,11 +203,11 @@ def _category(frame: str) -> str | None:
         return "the benchmark's send counter (bench/apps)"
     if "braid/" in p:
         name = p.rsplit("braid/", 1)[1]
-        if name in ("render.py", "encode.py", "merge.py"):
+        if name in ("stream/render.py", "stream/merge.py", "wire/output.py") or name.endswith("_response.py"):
             return "braid: render / encode / merge"
         if name == "engine/scripted.py":
             return "braid: scripted engine"
-        if name in ("run.py", "routes/body.py"):
+        if name in ("stream/run.py", "routes/body.py"):
             return "braid: run + stream body (channels, tasks)"
         return "braid: view, request parsing, plan"
     if "/trio/" in p:

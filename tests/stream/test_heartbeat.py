@@ -1,4 +1,4 @@
-"""The heartbeat (src/braid/heartbeat.py) on its own: a clock, a channel and a consumer's waits."""
+"""The heartbeat (src/braid/stream/heartbeat.py) on its own: a clock, a channel and a consumer's waits."""
 
 from __future__ import annotations
 
