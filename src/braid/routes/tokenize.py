@@ -26,14 +26,13 @@ from typing import TypeVar
 import msgspec
 import trio
 
-from braid import errors
 from braid.engine.base import Tokenizer
 from braid.errors import BraidError, DeadlineExceeded
 from braid.routes.common import AppState, JsonResponse, Route, error_response, require_json
 from braid.stream.tokenize import INLINE_CHARS
 from braid.wire import shapes as responses
 from braid.wire.messages import render
-from braid.wire.openapi import Operation, Outcome, error_outcomes, json_body, ref
+from braid.wire.openapi import REQUEST_ERRORS, Operation, Outcome, error_outcomes, json_body, ref
 from braid.wire.tokenize_request import (
     Detokenize,
     DetokenizeBody,
@@ -139,14 +138,7 @@ async def _run(state: AppState, deadline: float, work: Callable[[], T], *, on_th
     raise DeadlineExceeded(f"The request did not finish within its {state.settings.request_timeout:g} s timeout.")
 
 
-_ERRORS = error_outcomes(
-    errors.InvalidRequest,
-    errors.SchemaError,
-    errors.ModelNotFound,
-    errors.DeadlineExceeded,
-    errors.BodyTimeout,
-    errors.BodyTooLarge,
-)
+_ERRORS = error_outcomes(*REQUEST_ERRORS)
 """No admission and no engine request: no 429, no 500, no 503."""
 
 ROUTES = (

@@ -124,18 +124,20 @@ def generation_ok(description: str, body: type[msgspec.Struct], chunk: type[msgs
     )
 
 
-GENERATION_ERRORS = error_outcomes(
+REQUEST_ERRORS: tuple[type[errors.BraidError], ...] = (
     errors.InvalidRequest,
     errors.SchemaError,
     errors.ModelNotFound,
     errors.DeadlineExceeded,
     errors.BodyTimeout,
     errors.BodyTooLarge,
-    errors.TooManyRequests,
-    errors.EngineError,
-    errors.EngineUnavailable,
 )
-"""What a generating route answers besides its 200."""
+"""What any POST route may answer about its request: a bad, late or too large body, another model."""
+
+GENERATION_ERRORS = error_outcomes(
+    *REQUEST_ERRORS, errors.TooManyRequests, errors.EngineError, errors.EngineUnavailable
+)
+"""What a generating route answers besides its 200: its request's errors, admission's and the engine's."""
 
 REQUEST_ID: JsonSchema = {
     "name": "X-Request-Id",
@@ -262,6 +264,7 @@ def encoded(settings: Settings, version: str, operations: Sequence[Operation]) -
 __all__ = [
     "GENERATION_ERRORS",
     "OPENAPI_VERSION",
+    "REQUEST_ERRORS",
     "REQUEST_ID",
     "SERVER_OPERATIONS",
     "Operation",
