@@ -129,8 +129,8 @@ MUTANTS = [
         "stream/merge.py",
         (
             (
-                "        return self._sse.error(err) + DONE",
-                "        return self._sse.usage(Usage(self.plan.prompt_tokens, self._renderer.completion_tokens)) + self._sse.error(err) + DONE",
+                "        return self.events.error(err) + DONE",
+                "        return self.events.usage(usage_of(self.plan, self.renderer)) + self.events.error(err) + DONE",
             ),
         ),
         "a failed stream sends a usage chunk before its error event",
@@ -138,7 +138,7 @@ MUTANTS = [
     Mutant(
         "error_without_done",
         "stream/merge.py",
-        (("        return self._sse.error(err) + DONE", "        return self._sse.error(err)"),),
+        (("        return self.events.error(err) + DONE", "        return self.events.error(err)"),),
         "an error event is not followed by [DONE]",
     ),
     Mutant(
@@ -249,55 +249,63 @@ MUTANTS = [
         ((OLD_RUN, NEW_RUN),),
         "the view answers every failed non-streaming run with a 500, whatever its error",
     ),
-    # Chat (braid.stream.chat_merge, braid.wire.messages): the framing of role, echo and content chunks.
+    # Chat (braid.wire.chat_response, braid.stream.merge, braid.wire.messages): the framing of role,
+    # echo and content chunks.
     Mutant(
         "chat_role_missing",
-        "stream/chat_merge.py",
+        "wire/chat_response.py",
         (
             (
-                "            for k in range(plan.n):\n                parts.append(self._chat.role(",
-                "            for k in range(plan.n - (item is plan.items[-1])):\n                parts.append(self._chat.role(",
+                "            for k in range(n):\n                choice = {\n",
+                "            for k in range(n - (i == len(self.prompts.token_ids) - 1)):\n                choice = {\n",
             ),
         ),
         "the last choice of a chat stream gets no role chunk",
     ),
     Mutant(
         "chat_role_repeated",
-        "stream/chat_merge.py",
-        (("        self._opened = True\n", "        pass\n"),),
+        "stream/merge.py",
+        (("            self._opened = True\n", "            pass\n"),),
         "every batch of outputs is preceded by the role (and echo) chunks again",
     ),
     Mutant(
         "chat_role_after_content",
-        "stream/chat_merge.py",
+        "stream/merge.py",
         (
-            (
-                '        return b"".join(self._open()) + super().feed(arrivals)\n',
-                '        return super().feed(arrivals) + b"".join(self._open())\n',
-            ),
+            ("        parts = []\n", '        parts = []\n        late = b""\n'),
+            ("            parts.append(self.events.opening())\n", "            late = self.events.opening()\n"),
+            ('        return b"".join(parts)\n', '        return b"".join(parts) + late\n'),
         ),
         "the role (and echo) chunks are sent after the first outputs' content chunks",
     ),
     Mutant(
         "chat_echo_after_content",
-        "stream/chat_merge.py",
+        "wire/chat_response.py",
         (
+            ("def _usage(usage: Usage)", "_LATE: dict[int, bytes] = {}\n\n\ndef _usage(usage: Usage)"),
             (
-                '        return b"".join(self._open()) + super().feed(arrivals)\n',
-                "        opening = self._open()\n"
-                "        roles, echoes = opening[: self.plan.num_choices], opening[self.plan.num_choices :]\n"
-                '        return b"".join(roles) + super().feed(arrivals) + b"".join(echoes)\n',
+                "        for i, text in enumerate(shape.echo):\n",
+                '        roles, parts = b"".join(parts), []\n        for i, text in enumerate(shape.echo):\n',
+            ),
+            ('        return b"".join(parts)\n', '        _LATE[id(self)] = b"".join(parts)\n        return roles\n'),
+            (
+                "        return self._event(choice, usage)\n",
+                '        return self._event(choice, usage) + _LATE.pop(id(self), b"")\n',
             ),
         ),
         "the echo chunks are sent after the first outputs' content chunks (the roles still first)",
     ),
     Mutant(
         "chat_prompt_tokens_per_choice",
-        "stream/chat_merge.py",
+        "wire/chat_response.py",
         (
             (
-                "    return Usage(plan.prompt_tokens, renderer.completion_tokens, renderer.cached_tokens)",
-                "    return Usage(plan.prompt_tokens * plan.n, renderer.completion_tokens, renderer.cached_tokens)",
+                "        return usage_event(self._head, usage)",
+                "        return usage_event(self._head, attrs.evolve(usage, prompt_tokens=usage.prompt_tokens * self.prompts.n))",
+            ),
+            (
+                '                "usage": usage.body(),',
+                '                "usage": attrs.evolve(usage, prompt_tokens=usage.prompt_tokens * n).body(),',
             ),
         ),
         "chat usage counts each conversation's prompt tokens once per choice",
