@@ -35,7 +35,7 @@ class Mutant:
     what: str
 
 
-# run_error_as_500: the view's non-streaming run (``_collect``), answering any failure with a 500.
+# run_error_as_500: the views' non-streaming run (``routes.common.collect``), answering any failure with a 500.
 OLD_RUN = (
     "    async with run:\n"
     "        while True:\n"
@@ -107,19 +107,20 @@ MUTANTS = [
         "stream/merge.py",
         (
             (
-                "\nclass ProtocolViolation(RuntimeError):",
-                "\n_USAGE_SENT: set[int] = set()\n\n\nclass ProtocolViolation(RuntimeError):",
+                "    _opened: bool = attrs.field(init=False, default=False)\n",
+                "    _opened: bool = attrs.field(init=False, default=False)\n"
+                "    _usage_sent: bool = attrs.field(init=False, default=False)\n",
             ),
             (
                 "                parts.append(chunk(c, usage))",
                 "                parts.append(chunk(c, usage))\n"
-                "                if self.plan.include_usage and c.finish_reason is not None and id(self) not in _USAGE_SENT:\n"
-                "                    _USAGE_SENT.add(id(self))\n"
-                "                    parts.append(self._sse.usage(Usage(self.plan.prompt_tokens, self._renderer.completion_tokens)))",
+                "                if self.plan.include_usage and c.finish_reason is not None and not self._usage_sent:\n"
+                "                    self._usage_sent = True\n"
+                "                    parts.append(self.events.usage(usage_of(self.plan, self.renderer)))",
             ),
             (
                 "        if self.plan.include_usage:\n",
-                "        if self.plan.include_usage and id(self) not in _USAGE_SENT:\n",
+                "        if self.plan.include_usage and not self._usage_sent:\n",
             ),
         ),
         "the usage chunk is sent when the first choice finishes, not after the last",
@@ -249,8 +250,9 @@ MUTANTS = [
         ((OLD_RUN, NEW_RUN),),
         "the view answers every failed non-streaming run with a 500, whatever its error",
     ),
-    # Chat (braid.wire.chat_response, braid.stream.merge, braid.wire.messages): the framing of role,
-    # echo and content chunks.
+    # Chat (braid.wire.chat_response's ChatEvents, braid.stream.merge's StreamMerger.feed, which sends
+    # ChatEvents.opening on the first feed, and braid.wire.messages): the framing of role, echo and
+    # content chunks, and chat's usage.
     Mutant(
         "chat_role_missing",
         "wire/chat_response.py",
@@ -282,18 +284,21 @@ MUTANTS = [
         "chat_echo_after_content",
         "wire/chat_response.py",
         (
-            ("def _usage(usage: Usage)", "_LATE: dict[int, bytes] = {}\n\n\ndef _usage(usage: Usage)"),
+            (
+                "    _head: bytes = attrs.field(init=False)\n",
+                '    _head: bytes = attrs.field(init=False)\n    _late: bytes = attrs.field(init=False, default=b"")\n',
+            ),
             (
                 "        for i, text in enumerate(shape.echo):\n",
                 '        roles, parts = b"".join(parts), []\n        for i, text in enumerate(shape.echo):\n',
             ),
-            ('        return b"".join(parts)\n', '        _LATE[id(self)] = b"".join(parts)\n        return roles\n'),
+            ('        return b"".join(parts)\n', '        self._late = b"".join(parts)\n        return roles\n'),
             (
                 "        return self._event(choice, usage)\n",
-                '        return self._event(choice, usage) + _LATE.pop(id(self), b"")\n',
+                '        late, self._late = self._late, b""\n        return self._event(choice, usage) + late\n',
             ),
         ),
-        "the echo chunks are sent after the first outputs' content chunks (the roles still first)",
+        "the echo chunks are sent after the first content chunk (the roles still first)",
     ),
     Mutant(
         "chat_prompt_tokens_per_choice",
@@ -308,7 +313,7 @@ MUTANTS = [
                 '                "usage": attrs.evolve(usage, prompt_tokens=usage.prompt_tokens * n).body(),',
             ),
         ),
-        "chat usage counts each conversation's prompt tokens once per choice",
+        "chat usage (its stream's usage event and its body's) counts each conversation's prompt tokens once per choice",
     ),
     Mutant(
         "chat_role_always_assistant",
