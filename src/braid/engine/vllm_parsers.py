@@ -1,0 +1,239 @@
+"""vLLM's tool-call and reasoning parsers, behind one module: the only file of braid that imports
+``vllm.parser``, ``vllm.tool_parsers``, ``vllm.reasoning`` or vLLM's chat request model.
+
+vLLM 0.32 parses reasoning and tool calls together: ``ParserManager.get_parser`` gives a parser
+class for a tool-call parser name and a reasoning parser name, instantiated once per choice (its
+stream state lives in the instance), with ``parse()`` for a whole output and ``parse_delta()`` for
+a stream. Both take vLLM's pydantic ``ChatCompletionRequest``, which :class:`Parsers` builds once
+per request, only for a request that has tools or when a reasoning parser is on. This API has
+moved three times in a year; braid meets it here alone and hands the rest of braid its own values
+(:mod:`braid.engine.tool_calls`).
+
+* :func:`load_parsers` checks the names at start-up and gives the parser class, or raises
+  :class:`ParserConfigError` whose message is one line listing the valid names.
+* :meth:`Parsers.for_request` makes a request's parsers; :meth:`RequestParsers.choice` one
+  :class:`VllmChoiceParser` per choice. braid feeds it the engine's deltas in their order, one
+  engine step at a time, before any merging for a slow reader: vLLM's own server feeds its parser
+  whatever one output holds, and several vLLM parsers lose calls when one delta carries several
+  tokens. A parser that raises does not take the stream down: its text goes on as content and
+  the error is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.parser import ParserManager
+from vllm.reasoning import ReasoningParserManager
+from vllm.renderers.chat_utils import make_tool_call_id
+from vllm.tool_parsers import ToolParserManager
+
+from braid.engine.tool_calls import ParsedDelta, ParsedOutput, ToolCall, ToolCallDelta
+
+log = logging.getLogger("braid")
+
+
+class ParserConfigError(ValueError):
+    """A parser flag names what vLLM does not have, or what the model's tokenizer cannot use."""
+
+
+@attrs.frozen
+class ParserOptions:
+    """vLLM's server flags of the same names."""
+
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    tool_parser_plugin: str | None = None
+    reasoning_parser: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.tool_call_parser is not None or self.reasoning_parser is not None
+
+
+def tool_parser_names() -> list[str]:
+    return sorted(ToolParserManager.list_registered())
+
+
+def reasoning_parser_names() -> list[str]:
+    return sorted(ReasoningParserManager.list_registered())
+
+
+def load_parsers(options: ParserOptions, tokenizer: Any, model_name: str | None = None) -> Parsers | None:
+    """The parsers ``options`` name, checked against vLLM's registries and ``tokenizer``; None
+    when none is named. A plugin (``tool_parser_plugin``: a module or a file) is imported first,
+    so that the names it registers are valid: an operator's flag, never a request's."""
+    if options.tool_parser_plugin:
+        ToolParserManager.import_tool_parser(options.tool_parser_plugin)
+    if options.tool_call_parser is not None:
+        if not options.enable_auto_tool_choice:
+            raise ParserConfigError("--tool-call-parser needs --enable-auto-tool-choice (as vLLM's server)")
+        names = tool_parser_names()
+        if options.tool_call_parser not in names:
+            raise ParserConfigError(
+                f"--tool-call-parser {options.tool_call_parser!r} is not one of vLLM's: {', '.join(names)}"
+            )
+    elif options.enable_auto_tool_choice:
+        raise ParserConfigError("--enable-auto-tool-choice needs --tool-call-parser NAME (as vLLM's server)")
+    if options.reasoning_parser is not None:
+        names = reasoning_parser_names()
+        if options.reasoning_parser not in names:
+            raise ParserConfigError(
+                f"--reasoning-parser {options.reasoning_parser!r} is not one of vLLM's: {', '.join(names)}"
+            )
+    if not options.active:
+        return None
+    try:
+        cls = ParserManager.get_parser(
+            tool_parser_name=options.tool_call_parser,
+            reasoning_parser_name=options.reasoning_parser,
+            enable_auto_tools=options.enable_auto_tool_choice,
+            model_name=model_name,
+            tokenizer=tokenizer,
+        )
+    except (TypeError, RuntimeError, KeyError) as exc:  # vLLM's refusals of a name or a tokenizer
+        raise ParserConfigError(" ".join(str(exc).split())) from None
+    if cls is None:
+        return None
+    return Parsers(cls, tokenizer, options)
+
+
+@attrs.frozen
+class Parsers:
+    """The server's parser class, with the tokenizer it parses with (vLLM's cached tokenizer:
+    some parsers read its whole vocabulary on every construction)."""
+
+    cls: Any
+    tokenizer: Any
+    options: ParserOptions
+
+    @property
+    def tools(self) -> bool:
+        return self.options.tool_call_parser is not None
+
+    @property
+    def reasoning(self) -> bool:
+        return self.options.reasoning_parser is not None
+
+    def for_request(
+        self,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None,
+        tool_choice: object,
+        parallel_tool_calls: bool | None,
+        chat_template_kwargs: Mapping[str, Any] | None,
+        include_reasoning: bool = True,
+    ) -> RequestParsers:
+        """The parsers of one request (fields as the request's body has them, already
+        validated). Builds vLLM's request model once (tens of microseconds)."""
+        body: dict[str, Any] = {
+            "model": "braid",
+            "messages": [{"role": "user", "content": ""}],
+            "include_reasoning": include_reasoning,
+        }
+        if tools:
+            body["tools"] = list(tools)
+        if tool_choice is not None:
+            body["tool_choice"] = tool_choice
+        if parallel_tool_calls is not None:
+            body["parallel_tool_calls"] = parallel_tool_calls
+        if chat_template_kwargs:
+            body["chat_template_kwargs"] = dict(chat_template_kwargs)
+        request = ChatCompletionRequest.model_validate(body)
+        return RequestParsers(self, request, dict(chat_template_kwargs or {}))
+
+
+@attrs.frozen
+class RequestParsers:
+    parsers: Parsers
+    request: Any
+    """vLLM's ``ChatCompletionRequest`` for the parsers (its messages are not the request's)."""
+    chat_template_kwargs: dict[str, Any]
+
+    @property
+    def named(self) -> bool:
+        """``tool_choice`` names one function (vLLM's model holds it as an object, not a string)."""
+        return self.request.tool_choice not in (None, "none", "auto", "required")
+
+    def choice(self, prompt_token_ids: Sequence[int]) -> VllmChoiceParser:
+        p = self.parsers
+        parser = p.cls(
+            p.tokenizer, self.request.tools, chat_template_kwargs=self.chat_template_kwargs, model_config=None
+        )
+        return VllmChoiceParser(self, parser, list(prompt_token_ids))
+
+
+@attrs.define
+class VllmChoiceParser:
+    """One choice's parser (:class:`braid.engine.tool_calls.ChoiceParser`)."""
+
+    owner: RequestParsers
+    parser: Any
+    prompt_token_ids: list[int]
+    _failed: bool = False
+    _names_sent: set[int] = attrs.Factory(set)
+
+    def feed(self, text: str, token_ids: Sequence[int], *, finished: bool) -> ParsedDelta:
+        if self._failed:
+            return ParsedDelta(content=text)
+        try:
+            message = self.parser.parse_delta(
+                text, list(token_ids), self.owner.request, prompt_token_ids=self.prompt_token_ids, finished=finished
+            )
+        except Exception:  # a parser's bug must not end the stream: its text goes on as content
+            log.exception("the tool/reasoning parser failed on a delta; the rest of the choice is content")
+            self._failed = True
+            return ParsedDelta(content=text)
+        if message is None:
+            return ParsedDelta()
+        return ParsedDelta(
+            content=message.content or "",
+            reasoning=message.reasoning or "",
+            tool_calls=tuple(self._pieces(message.tool_calls or ())),
+        )
+
+    def _pieces(self, calls: Sequence[Any]) -> list[ToolCallDelta]:
+        out = []
+        for call in calls:
+            fn = call.function
+            name = fn.name if fn is not None else None
+            call_id = call.id
+            if name and call.index not in self._names_sent:
+                self._names_sent.add(call.index)
+                call_id = call_id or make_tool_call_id()
+            out.append(ToolCallDelta(call.index, call_id, name, (fn.arguments or "") if fn is not None else ""))
+        return out
+
+    def parse(self, text: str, token_ids: Sequence[int]) -> ParsedOutput:
+        try:
+            self.parser.set_prompt_token_ids(self.prompt_token_ids)
+            reasoning, content, calls = self.parser.parse(
+                text,
+                self.owner.request,
+                enable_auto_tools=self.owner.parsers.options.enable_auto_tool_choice,
+                model_output_token_ids=list(token_ids),
+            )
+        except Exception:  # as in feed(): the output stays, as content
+            log.exception("the tool/reasoning parser failed on an output; it is returned as content")
+            return ParsedOutput(content=text, reasoning=None)
+        return ParsedOutput(
+            content=content,
+            reasoning=reasoning,
+            tool_calls=tuple(ToolCall(c.id or make_tool_call_id(), c.name, c.arguments) for c in calls or ()),
+        )
+
+
+__all__ = [
+    "ParserConfigError",
+    "ParserOptions",
+    "Parsers",
+    "RequestParsers",
+    "VllmChoiceParser",
+    "load_parsers",
+    "reasoning_parser_names",
+    "tool_parser_names",
+]
