@@ -1,4 +1,5 @@
-"""The scripted engine: final-only delivery (one output that is the sum of the deltas) and its prefix cache."""
+"""The scripted engine: final-only delivery (one output that is the sum of the deltas), its prefix cache, its
+chat format."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import trio
 
 from braid.engine.base import EngineOutput, EngineRequest, SamplingParams
-from braid.engine.scripted import PrefixCache, ScriptedEngine, join_deltas
+from braid.engine.scripted import ByteTokenizer, PrefixCache, ScriptedEngine, join_deltas
 from braid.errors import BraidError, EngineError, EngineRejected, InvalidRequest
 from braid.wire.structured import Structured
 
@@ -239,3 +240,26 @@ async def test_other_constraints_are_refused(structured: Structured, message: st
 
 def test_no_constraint_passes_the_check() -> None:
     ScriptedEngine().check_structured(SamplingParams(max_tokens=5))
+
+
+def _chat(messages: list, tools: list | None = None, **flags: bool) -> str:
+    options = {"add_generation_prompt": True, "continue_final_message": False, **flags}
+    return ByteTokenizer().apply_chat_template(messages, chat_template=None, template_kwargs={}, tools=tools, **options)
+
+
+def test_the_chat_format_writes_tools_calls_and_tool_call_ids() -> None:
+    call = {"id": "c", "function": {"arguments": {"q": "é"}, "name": "f"}, "type": "function"}
+    tools = [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "g"}}]
+    messages = [
+        {"role": "assistant", "content": "", "tool_calls": [call, {**call, "id": "d"}]},
+        {"role": "tool", "content": "1", "tool_call_id": None},
+    ]
+    assert _chat(messages, tools) == (
+        '<|tools|>\n{"type": "function", "function": {"name": "f"}}\n{"type": "function", "function": {"name": "g"}}\n</s>\n'
+        '<|assistant|>\n\n<tool_call>{"id": "c", "function": {"arguments": {"q": "é"}, "name": "f"}, "type": "function"}'
+        '</tool_call>\n<tool_call>{"id": "d", "function": {"arguments": {"q": "é"}, "name": "f"}, "type": "function"}'
+        "</tool_call></s>\n<|tool|>[None]\n1</s>\n<|assistant|>\n"
+    )
+    # no tools (or none listed): no tools block; a continued message ends after its last call
+    assert _chat(messages[:1], [], add_generation_prompt=False, continue_final_message=True).endswith("</tool_call>")
+    assert _chat([{"role": "user", "content": "x"}], []) == "<|user|>\nx</s>\n<|assistant|>\n"

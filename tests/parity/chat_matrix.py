@@ -3,7 +3,9 @@
 
 The tiny model's chat template (``braid.models.tiny.CHAT_TEMPLATE``) renders each message as
 ``<|role|>\\ncontent</s>\\n`` and ``<|assistant|>\\n`` as the generation prompt; it reads no
-template kwargs and ignores ``tools``. Requests are greedy unless a case is about sampling.
+template kwargs and ignores ``tools``, ``tool_calls`` and ``tool_call_id`` (and never names the
+developer role, so both servers render a developer message as a system message). Requests are
+greedy unless a case is about sampling.
 Every chat case name starts with "chat", "batch chat", "tokenize" or "detokenize", so
 ``pytest -k "chat or tokenize"`` selects them.
 """
@@ -50,6 +52,28 @@ TOOL = {
         "parameters": {"type": "object", "properties": {}},
     },
 }
+# A tool-calling history (issue 26 §2): the tiny template writes only each message's content, so
+# these cases compare what both servers take and refuse, the prompt tokens (the content of an
+# assistant message that only called a tool is ""), and the developer role's conversion.
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_answer", "arguments": '{"q": "life"}'}}
+TOOL_HISTORY = [
+    USER,
+    {"role": "assistant", "content": None, "tool_calls": [CALL]},
+    {"role": "tool", "content": [{"type": "text", "text": "42"}], "tool_call_id": "call_1"},
+    USER2,
+]
+REASONING_HISTORY = [
+    USER,
+    {"role": "assistant", "content": "    return data\n", "reasoning_content": "Think first."},
+    USER2,
+]
+CUSTOM_CALL = {"id": "call_2", "type": "custom", "custom": {"name": "get_answer", "input": "x"}}
+
+
+def _with_call(**call: Any) -> list[dict[str, Any]]:
+    return [USER, {"role": "assistant", "content": None, "tool_calls": [{**CALL, **call}]}, USER2]
+
+
 # Enough text to take more than the 1024-token context once templated.
 LONG = [{"role": "user", "content": " ".join(f"x{i} = {i}" for i in range(600))}]
 
@@ -80,6 +104,24 @@ def chat_cases() -> list[Case]:
     chat("chat tool message as text", "chat", _chat(TOOL_TURN))
     chat("chat any role string is rendered", "chat", _chat([{"role": "wizard", "content": "abracadabra"}]))
     chat("chat tools with tool_choice none", "chat", _chat(tools=[TOOL], tool_choice="none"))
+    # -- tool-calling histories: what reaches the template, as vLLM hands it
+    chat("chat history with a tool call and its result", "chat", _chat(TOOL_HISTORY, return_token_ids=True))
+    chat(
+        "chat history with tools and tool_choice none",
+        "chat",
+        _chat(TOOL_HISTORY, tools=[TOOL], tool_choice="none", return_token_ids=True),
+    )
+    chat(
+        "chat history with invalid JSON arguments", "chat", _chat(_with_call(function={"name": "f", "arguments": "{"}))
+    )
+    chat("chat history with an empty tool_calls", "chat", _chat([USER, {**ASSISTANT, "tool_calls": []}, USER2]))
+    chat("chat history with reasoning_content", "chat", _chat(REASONING_HISTORY, return_token_ids=True))
+    chat(
+        "chat developer message becomes system, moved first",
+        "chat",
+        _chat([USER, {"role": "developer", "content": "Be brief."}, SYSTEM, USER2], return_token_ids=True),
+    )
+    chat("chat a user's tool_calls are ignored", "chat", _chat([{**USER, "tool_calls": [{"junk": 1}]}]))
     chat("chat response_format text", "chat", _chat(response_format={"type": "text"}))
     chat("chat unknown fields are ignored", "chat", _chat(user="u-1", some_unknown_field=3))
     # -- max tokens
@@ -285,6 +327,28 @@ def chat_cases() -> list[Case]:
         _chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_answer"}}),
     )
     chat("chat tools []", "chat errors", _chat(tools=[]))
+    chat(
+        "chat tools with a function name that is a number",
+        "chat errors",
+        _chat(tools=[{"type": "function", "function": {"name": 1}}], tool_choice="none"),
+    )
+    chat(
+        "chat history tool call arguments an object",
+        "chat errors",
+        _chat(_with_call(function={"name": "f", "arguments": {}})),
+    )
+    chat("chat history tool call without an id", "chat errors", _chat(_with_call(id=None)))
+    chat(
+        "chat history tool call of type custom",
+        "chat errors",
+        _chat([USER, {"role": "assistant", "tool_calls": [CUSTOM_CALL]}]),
+    )
+    chat(
+        "chat history tool message with a numeric tool_call_id",
+        "chat errors",
+        _chat([USER, {"role": "tool", "content": "42", "tool_call_id": 7}]),
+    )
+    chat("chat history tool_calls a number", "chat errors", _chat([{**USER, "tool_calls": 5}]))
     chat("chat tool_choice without tools", "chat errors", _chat(tool_choice="auto"))
     chat("chat request chat_template", "chat errors", _chat(chat_template="{{ messages[0]['content'] }}"))
     chat(
@@ -326,6 +390,13 @@ def chat_cases() -> list[Case]:
     )
     batch("batch chat seeded sampling", "batch chat", _chat(CONVERSATIONS, temperature=1.0, seed=4, max_tokens=10))
     batch("batch chat one conversation", "batch chat", _chat([MULTI_TURN]))
+    batch("batch chat tool-calling histories", "batch chat", _chat([TOOL_HISTORY, REASONING_HISTORY]))
+    batch("batch chat a bad tool call", "batch chat errors", _chat([SYS_USER, _with_call(type="x")]))
+    batch(
+        "batch chat a numeric tool_call_id",
+        "batch chat errors",
+        _chat([SYS_USER, [USER, {"role": "tool", "content": "42", "tool_call_id": 7}]]),
+    )
     batch("batch chat messages []", "batch chat errors", _chat([]))
     batch("batch chat an empty conversation", "batch chat errors", _chat([SYS_USER, []]))
     batch("batch chat a flat conversation", "batch chat errors", _chat(SYS_USER))
@@ -389,6 +460,30 @@ def chat_cases() -> list[Case]:
         )
     )
     c.append(Case("tokenize messages []", tok, {"model": MODEL, "messages": []}, path=TOKENIZE))
+    c.append(
+        Case(
+            "tokenize messages with tool calls and tools",
+            tok,
+            {"model": MODEL, "messages": TOOL_HISTORY, "tools": [TOOL]},
+            path=TOKENIZE,
+        )
+    )
+    c.append(
+        Case(
+            "tokenize messages with a bad tool call",
+            tok,
+            {"model": MODEL, "messages": _with_call(function={"name": "f"})},
+            path=TOKENIZE,
+        )
+    )
+    c.append(
+        Case(
+            "tokenize messages with a bad tool call, unknown model",
+            tok,
+            {"model": "no-such-model", "messages": _with_call(function={"name": "f"})},
+            path=TOKENIZE,
+        )
+    )
     c.append(
         Case(
             "tokenize messages with both template flags true",

@@ -67,10 +67,14 @@ async def test_a_conversation_is_rendered_by_the_chat_template(client: httpx.Asy
     assert (await ok(client, "/tokenize", {"messages": parts}))["tokens"] == rendered(
         "<|user|>\na\nb</s>\n<|assistant|>\n"
     )
-    # a message without content renders as empty; template variables and tools are taken
+    # a message without content renders as empty; template variables are taken, and tools reach the
+    # template as vLLM dumps them (the scripted format writes them first, one JSON line each)
     tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
     body = {"messages": [{"role": "user"}], "chat_template_kwargs": {"x": 1}, "tools": tools}
-    assert (await ok(client, "/tokenize", body))["tokens"] == rendered("<|user|>\n</s>\n<|assistant|>\n")
+    dumped = '{"type": "function", "function": {"name": "f", "description": null, "parameters": {}}}'
+    assert (await ok(client, "/tokenize", body))["tokens"] == rendered(
+        f"<|tools|>\n{dumped}\n</s>\n<|user|>\n</s>\n<|assistant|>\n"
+    )
     plain = await ok(client, "/tokenize", {"messages": CHAT})
     assert await ok(client, "/tokenize", {"messages": CHAT, "tools": []}) == plain
 

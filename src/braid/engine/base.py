@@ -237,9 +237,18 @@ class Tokenizer(Protocol):
         continue_final_message: bool,
         chat_template: str | None,
         template_kwargs: Mapping[str, Any],
+        tools: list[Mapping[str, Any]] | None = None,
     ) -> str:
         """The conversation as the model's chat template renders it (a text, not token ids).
-        Raises :class:`~braid.errors.InvalidRequest` when the model has no template and none is given."""
+
+        ``messages`` are the dicts vLLM's server hands a template (``braid.wire.messages``:
+        ``role`` and ``content`` as text, an assistant's ``tool_calls`` with their arguments as
+        objects, a tool message's ``tool_call_id``...); ``tools`` the request's tools as vLLM
+        dumps them (None: no tools, which a template may tell apart from ``[]``);
+        ``template_kwargs`` further template variables (never ``tools``). A model's template may
+        be chosen by whether there are tools (Hugging Face's named ``tool_use`` template), as
+        vLLM chooses it. Raises :class:`~braid.errors.InvalidRequest` when the model has no
+        template and none is given."""
         ...
 
 

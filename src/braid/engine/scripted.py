@@ -52,6 +52,7 @@ each change of them (a test waits on the engine this way, instead of polling it)
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 import struct
@@ -129,15 +130,37 @@ class ByteTokenizer:
         continue_final_message: bool,
         chat_template: str | None,
         template_kwargs: Mapping[str, Any],
+        tools: list[Mapping[str, Any]] | None = None,
     ) -> str:
-        """The tiny model's format (``braid.models.tiny.CHAT_TEMPLATE``) in Python; a request's
-        own template is refused (there is no jinja here)."""
+        """The tiny model's format (``braid.models.tiny.CHAT_TEMPLATE``) in Python, plus tools and
+        tool calls, which the tiny template ignores: written here so that front-end tests see what
+        reaches a template. In order:
+
+        * with tools (a non-empty list): ``<|tools|>\n``, each tool as one line of JSON, ``</s>\n``;
+        * each message: ``<|role|>``, then ``[tool_call_id]`` when the message has that key (a
+          tool message), ``\n``, its content, then each tool call as ``\n<tool_call>JSON</tool_call>``
+          (the call's whole dict: id, function with the arguments as an object, type), ``</s>\n``;
+        * ``<|assistant|>\n`` as the generation prompt; a continued final message loses its ``</s>\n``.
+
+        JSON is ``json.dumps`` with its default separators, non-ASCII as it is. A request's own
+        template is refused (there is no jinja here)."""
         if chat_template is not None:
             raise EngineRejected("The scripted engine renders its own chat format only.", param="chat_template")
-        text = "".join(f"<|{m['role']}|>\n{m['content']}</s>\n" for m in messages)
+        parts = []
+        if tools:
+            parts.append("<|tools|>\n" + "".join(_json(t) + "\n" for t in tools) + "</s>\n")
+        for m in messages:
+            call_id = f"[{m['tool_call_id']}]" if "tool_call_id" in m else ""
+            calls = "".join(f"\n<tool_call>{_json(c)}</tool_call>" for c in m.get("tool_calls") or ())
+            parts.append(f"<|{m['role']}|>{call_id}\n{m['content']}{calls}</s>\n")
+        text = "".join(parts)
         if continue_final_message:
             return text[: -len("</s>\n")]
         return text + "<|assistant|>\n" if add_generation_prompt else text
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False)
 
 
 _TOKENIZER = ByteTokenizer()

@@ -165,15 +165,22 @@ class HfTokenizer:
         continue_final_message: bool,
         chat_template: str | None,
         template_kwargs: Mapping[str, Any],
+        tools: list[Mapping[str, Any]] | None = None,
     ) -> str:
-        template = chat_template or getattr(self._tok, "chat_template", None)
-        if not template:
-            raise InvalidRequest(NO_CHAT_TEMPLATE)
+        """As vLLM 0.32's ``safe_apply_chat_template``: the template is the request's (a jinja
+        text, or the name of one of the model's templates) or the model's, picked by whether there
+        are tools (a tokenizer with named templates has ``tool_use`` and ``default``); a template
+        that never names the ``developer`` role gets developer messages as system messages, all
+        system messages merged into one at the front (:func:`developer_as_system`)."""
+        template = self._template(chat_template, tools)
+        if any(m["role"] == "developer" for m in messages) and not _names_developer(template):
+            messages = developer_as_system(messages)
         # transformers renders in a sandboxed jinja environment, as vLLM's server does.
         kwargs = {k: v for k, v in template_kwargs.items() if k not in _TEMPLATE_OWN}
         return str(
             self._tok.apply_chat_template(
                 messages,
+                tools=tools,
                 chat_template=template,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
@@ -182,6 +189,52 @@ class HfTokenizer:
             )
         )
 
+    def _template(self, chat_template: str | None, tools: list[Mapping[str, Any]] | None) -> str:
+        """The jinja text to render with, resolved as transformers resolves it for vLLM."""
+        resolve = getattr(self._tok, "get_chat_template", None)
+        if resolve is None:  # not a transformers tokenizer: its one template
+            template = chat_template or getattr(self._tok, "chat_template", None)
+        else:
+            try:
+                template = resolve(chat_template, tools=tools)
+            except ValueError:  # no template, or named templates and no default among them
+                template = None
+        if not isinstance(template, str):  # "" is a template, as in vLLM: it renders nothing
+            raise InvalidRequest(NO_CHAT_TEMPLATE)
+        return template
+
+
+def _names_developer(template: str) -> bool:
+    """vLLM's test of whether a template knows the developer role: it names it in quotes."""
+    return '"developer"' in template or "'developer'" in template
+
+
+def developer_as_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """vLLM's ``_convert_developer_to_system`` then ``_consolidate_system_messages``: each
+    developer message becomes a system message (its ``tools`` dropped); then, when a system
+    message is not first or there are several, they all become one system message at the front,
+    ``{role, content}`` only, their non-empty texts joined by blank lines, the other messages
+    following in their order."""
+    converted = [
+        {k: v for k, v in {**m, "role": "system"}.items() if k != "tools"} if m["role"] == "developer" else m
+        for m in messages
+    ]
+    texts: list[str] = []
+    others: list[dict[str, Any]] = []
+    merge = False
+    for i, m in enumerate(converted):
+        if m["role"] != "system":
+            others.append(m)
+            continue
+        # vLLM's condition, as it is: a system message after the first place, or after one with text
+        merge = merge or i > 0 or bool(texts)
+        content = m.get("content", "")  # a text: braid hands templates text content
+        if content:
+            texts.append(content)
+    if not merge:
+        return converted
+    return [{"role": "system", "content": "\n\n".join(texts)}, *others]
+
 
 NO_CHAT_TEMPLATE = (
     "This model has no chat template: chat requests need one (the tokenizer's chat_template, "
@@ -189,7 +242,15 @@ NO_CHAT_TEMPLATE = (
 )
 # Arguments of apply_chat_template itself, which chat_template_kwargs may not override.
 _TEMPLATE_OWN = frozenset(
-    {"conversation", "messages", "chat_template", "tokenize", "add_generation_prompt", "continue_final_message"}
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "chat_template",
+        "tokenize",
+        "add_generation_prompt",
+        "continue_final_message",
+    }
 )
 
 

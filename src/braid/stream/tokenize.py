@@ -72,7 +72,9 @@ async def render_conversations(
     inline for little text, on the worker thread for a batch with much (the template is jinja,
     run in Python: as slow per character as tokenizing is fast). Cancellation as for
     :func:`encode_prompts`."""
-    size = sum(len(m.content or "") for c in req.conversations for m in c)
+    size = sum(m.chars for c in req.conversations for m in c)
+    if req.template.tools:  # rendered into every conversation
+        size += len(req.conversations) * len(repr(req.template.tools))  # about its JSON's size
 
     def render_all() -> tuple[str, ...]:
         return tuple(render(tokenizer, c, req.template) for c in req.conversations)

@@ -27,7 +27,7 @@ import msgspec
 from braid.errors import InvalidRequest, SchemaError
 from braid.wire.completions_request import CompletionBody
 from braid.wire.fields import INT64_MAX, INT64_MIN, Limits, SamplingBody, check_fields, decode_body, structured_of
-from braid.wire.messages import Message, TemplateOptions, parse_messages
+from braid.wire.messages import Message, TemplateOptions, parse_messages, parse_tools
 from braid.wire.structured import Structured
 
 
@@ -148,11 +148,21 @@ def parse_chat(
     """
     b: ChatBody = decode_body(body, _DECODER)
     _check_chat(b, trust_template=trust_template, batch=batch)
+    if batch:
+        # vLLM's batch route checks the tools (a 400 without a param) but never renders them.
+        try:
+            parse_tools(b.tools)
+        except SchemaError as exc:
+            raise InvalidRequest(exc.message) from None
+        tools = None
+    else:
+        tools = parse_tools(b.tools)
     template = TemplateOptions(
         add_generation_prompt=b.add_generation_prompt,
         continue_final_message=b.continue_final_message,
         chat_template=b.chat_template,
         kwargs={**(b.chat_template_kwargs or {}), **({"documents": b.documents} if b.documents else {})},
+        tools=tools,
     )
     max_tokens = b.max_completion_tokens if b.max_completion_tokens is not None else b.max_tokens
     top = b.top_logprobs or 0  # -1: every token of the vocabulary, as for completions

@@ -3,7 +3,10 @@
 Pure: no I/O, no engine (the model's name, vocabulary size and context length are arguments).
 The checks run in vLLM's order, so a body with several faults gets vLLM's answer to it: the
 body's schema (400 ``Bad Request``, ``param`` its pydantic location), the template flags, the
-model (404), the request's own chat template, then the rest (400 ``BadRequestError``).
+model (404), the request's own chat template, then the rest (400 ``BadRequestError``), last what
+vLLM finds only as it renders the conversation (a malformed assistant tool call: no ``param``).
+Messages are read as vLLM's ``TokenizeChatRequest`` reads them (:mod:`braid.wire.messages`:
+``reasoning_content`` is not renamed there, unlike in a chat request).
 
 ``/tokenize`` takes one of two bodies, a union that vLLM's pydantic layer tries in turn:
 
@@ -33,7 +36,7 @@ import msgspec
 
 from braid.errors import InvalidRequest, ModelNotFound, SchemaError
 from braid.wire.fields import INT64_MAX, decode_body
-from braid.wire.messages import Message, TemplateOptions, parse_messages
+from braid.wire.messages import Message, RenderTimeError, TemplateOptions, parse_messages, parse_tools
 
 DETOKENIZE_CONTEXTS = 4
 """``/detokenize`` takes at most this many times ``max_model_len`` token ids (decoding is work
@@ -80,17 +83,8 @@ class Tool(msgspec.Struct):
     defer_loading: bool | None = None
 
     def as_template_input(self) -> dict[str, Any]:
-        """The tool as vLLM hands it to the template (its pydantic dump: unset optional flags left out)."""
-        f = self.function
-        function: dict[str, Any] = {"name": f.name, "description": f.description, "parameters": f.parameters}
-        if f.strict is not None:
-            function["strict"] = f.strict
-        defer = f.defer_loading if f.defer_loading is not None else self.defer_loading
-        if defer is not None:
-            function["defer_loading"] = defer
-        tool: dict[str, Any] = {"type": self.type, "function": function}
-        if self.defer_loading is not None:
-            tool["defer_loading"] = self.defer_loading
+        """The tool as vLLM hands it to the template (:func:`braid.wire.messages.parse_tools`)."""
+        (tool,) = parse_tools([msgspec.to_builtins(self)]) or ()
         return tool
 
 
@@ -119,7 +113,7 @@ class TokenizeChatBody(msgspec.Struct):
     """Only with the server's ``--trust-request-chat-template``."""
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[Tool] | None = None
-    """Passed to the template, which may describe them to the model (braid parses no tool calls)."""
+    """Passed to the template as vLLM dumps them, which may describe them to the model."""
     media_io_kwargs: dict[str, dict[str, Any]] | None = None
     """Accepted and unused: the model takes text only."""
     mm_processor_kwargs: dict[str, Any] | None = None
@@ -183,15 +177,18 @@ def _text(b: TokenizePromptBody, served: str) -> TokenizeText:
 def _chat(body: bytes, served: str, trust_template: bool) -> TokenizeChat:
     b: TokenizeChatBody = decode_body(body, _CHAT)
     empty = b.messages == []  # vLLM's pydantic layer takes it; its renderer refuses it, later
-    messages = () if empty else parse_messages(b.messages)
+    late: RenderTimeError | None = None  # what vLLM finds only as it renders: after the checks below
+    try:
+        messages = () if empty else parse_messages(b.messages, model="tokenize")
+    except RenderTimeError as exc:
+        messages, late = (), exc
     kwargs = dict(b.chat_template_kwargs or {})
-    if b.tools is not None:
-        kwargs["tools"] = [t.as_template_input() for t in b.tools]
     template = TemplateOptions(  # both template flags: a 400 here, before the model is looked at
         add_generation_prompt=b.add_generation_prompt,
         continue_final_message=b.continue_final_message,
         chat_template=b.chat_template,
         kwargs=kwargs,
+        tools=None if b.tools is None else tuple(t.as_template_input() for t in b.tools),
     )
     _check_model(b.model, served)
     kwargs_template = kwargs.get("chat_template")
@@ -201,6 +198,8 @@ def _chat(body: bytes, served: str, trust_template: bool) -> TokenizeChat:
         template = attrs.evolve(template, chat_template=kwargs_template)
     if empty:
         raise InvalidRequest(EMPTY_CONVERSATION)
+    if late is not None:
+        raise late
     return TokenizeChat(messages, template, b.add_special_tokens, bool(b.return_token_strs))
 
 
