@@ -111,14 +111,6 @@ class Parsers:
     tokenizer: Any
     options: ParserOptions
 
-    @property
-    def tools(self) -> bool:
-        return self.options.tool_call_parser is not None
-
-    @property
-    def reasoning(self) -> bool:
-        return self.options.reasoning_parser is not None
-
     def for_request(
         self,
         *,
@@ -153,11 +145,6 @@ class RequestParsers:
     request: Any
     """vLLM's ``ChatCompletionRequest`` for the parsers (its messages are not the request's)."""
     chat_template_kwargs: dict[str, Any]
-
-    @property
-    def named(self) -> bool:
-        """``tool_choice`` names one function (vLLM's model holds it as an object, not a string)."""
-        return self.request.tool_choice not in (None, "none", "auto", "required")
 
     def choice(self, prompt_token_ids: Sequence[int]) -> VllmChoiceParser:
         p = self.parsers

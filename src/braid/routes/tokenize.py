@@ -13,7 +13,9 @@ long text or a few hundred thousand ids would stall every stream of the server f
 they take. The request's ``--request-timeout`` bounds the whole (408 past it); cancellation
 waits for the thread, as in :mod:`braid.stream.tokenize`.
 
-Every :class:`~braid.errors.BraidError` is answered as its JSON error, as the completions view
+Both take the :class:`~braid.routes.common.View` arguments; ``request_id`` goes unused (no engine
+request is named by it; the app still echoes the header). Every
+:class:`~braid.errors.BraidError` is answered as its JSON error, as the completions view
 answers its own; anything else is a bug, raised as it is (the app answers it with a 500).
 """
 

@@ -123,20 +123,17 @@ def _conversations(messages: object, batch: bool) -> tuple[tuple[Message, ...], 
                 raise SchemaError(f"messages[{i}] must hold at least one message.", param=f"body.messages.{i}")
         return tuple(parse_messages(c, f"messages[{i}]") for i, c in enumerate(messages))
     except SchemaError as exc:
-        exc.param = _pydantic_location(exc.param, batch)
+        exc.param = _pydantic_location(exc.param)
         raise
 
 
-def _pydantic_location(param: str | None, batch: bool) -> str | None:
-    """``messages[0].role`` as vLLM's pydantic names it. A role that is missing or not a string
-    fails every member of the message union; pydantic reports the developer message's, and only
-    on the single route (the batch route's conversations are a plain list)."""
+def _pydantic_location(param: str | None) -> str | None:
+    """A location braid spells ``messages[0].content`` as vLLM's pydantic names it
+    (``body.messages.0.content``); :func:`~braid.wire.messages.parse_messages` gives the others
+    in pydantic's spelling already."""
     if param is None or not param.startswith("messages"):
         return param
-    path = param.replace("[", ".").replace("]", "")
-    if path.endswith(".role") and not batch:
-        path = path.removesuffix(".role") + ".ChatCompletionDeveloperMessageParam.role"
-    return "body." + path
+    return "body." + param.replace("[", ".").replace("]", "")
 
 
 def parse_chat(

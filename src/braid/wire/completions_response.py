@@ -40,6 +40,7 @@ def logprobs_dict(lp: LogprobsFragment | ChatLogprobs | None) -> dict[str, objec
 
 def _join_logprobs(fragments: Sequence[LogprobsFragment | ChatLogprobs]) -> dict[str, object]:
     parts = [f for f in fragments if isinstance(f, LogprobsFragment)]
+    assert len(parts) == len(fragments), "completions render the legacy logprobs"
     return {
         "text_offset": [x for f in parts for x in f.text_offset],
         "token_logprobs": [x for f in parts for x in f.token_logprobs],
