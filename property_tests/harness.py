@@ -29,7 +29,7 @@ import attrs
 import trio
 import trio.testing
 
-from braid.engine.base import Deliver, EngineOutput, EngineRequest, FailureHandler
+from braid.engine.base import Deliver, EngineOutput, EngineRequest, FailureHandler, Observe
 from braid.engine.scripted import ScriptedEngine
 from braid.errors import BraidError, EngineError, EngineRejected
 from braid.metrics import Metrics
@@ -257,7 +257,11 @@ class RecordingEngine:
 
     @asynccontextmanager
     async def open_request(
-        self, request: EngineRequest, on_failure: FailureHandler | None = None, deliver: Deliver | None = None
+        self,
+        request: EngineRequest,
+        on_failure: FailureHandler | None = None,
+        deliver: Deliver | None = None,
+        observe: Observe | None = None,
     ) -> AsyncIterator[AsyncIterator[EngineOutput]]:
         base, _, idx = request.request_id.rpartition("-")
         rec, patterns = self.requests[base]
@@ -287,7 +291,7 @@ class RecordingEngine:
         rec.open_engine.add(prompt)
         rec.add("engine_open", prompt=prompt, prompt_tokens=len(request.prompt_token_ids))
         try:
-            async with self.inner.open_request(request, failed, direct) as outputs:
+            async with self.inner.open_request(request, failed, direct, observe=observe) as outputs:
                 timed = self._timed(outputs, rec, prompt, pattern)
                 try:
                     yield timed

@@ -263,3 +263,193 @@ def test_the_chat_format_writes_tools_calls_and_tool_call_ids() -> None:
     # no tools (or none listed): no tools block; a continued message ends after its last call
     assert _chat(messages[:1], [], add_generation_prompt=False, continue_final_message=True).endswith("</tool_call>")
     assert _chat([{"role": "user", "content": "x"}], []) == "<|user|>\nx</s>\n<|assistant|>\n"
+
+
+# --- the reply hook: <braid:say>TEXT</braid:say> ---------------------------------------------------
+
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+
+
+def _say(*scripts: str, before: str = "x ") -> tuple[int, ...]:
+    prompt = before + "".join(f"<braid:say>{s}</braid:say>" for s in scripts)
+    return tuple(ByteTokenizer().encode(prompt))
+
+
+async def _said(engine: ScriptedEngine, ids: tuple[int, ...], **fields: object) -> list[tuple[str, str, str | None]]:
+    """Each choice's (text, finish_reason, stop_reason), from the joined deltas of a streamed request."""
+    params = SamplingParams(**{"max_tokens": 200, **fields})  # type: ignore[arg-type]
+    out = join_deltas(await _collect(engine, EngineRequest("say", ids, params)))
+    return [(c.text, c.finish_reason or "", c.stop_reason) for c in out.choices]  # type: ignore[misc]
+
+
+async def test_say_emits_the_script_one_byte_a_step_then_eos() -> None:
+    engine = ScriptedEngine()
+    ids = _say("multi\nline " + CALL, before="<|user|>\nweather?\n")
+    outputs = await _collect(engine, EngineRequest("s", ids, SamplingParams(max_tokens=200, logprobs=2)))
+    script = ("multi\nline " + CALL).encode()
+    assert [o.choices[0].token_ids for o in outputs] == [(b + 3,) for b in script] + [(1,)]  # then EOS
+    assert "".join(o.choices[0].text for o in outputs) == "multi\nline " + CALL
+    assert outputs[-1].choices[0].finish_reason == "stop" and outputs[-1].choices[0].stop_reason is None
+    for o in outputs:  # the scripted token is the first of its top logprobs
+        (delta,) = o.choices
+        assert delta.logprobs is not None and next(iter(delta.logprobs[0])) == delta.token_ids[0]
+        assert len(delta.logprobs[0]) == 3
+
+
+async def test_with_several_scripts_choice_k_says_the_kth_modulo_their_number() -> None:
+    engine = ScriptedEngine()
+    ids = _say("first", CALL)
+    for temperature in (1.0, 0.0):
+        got = await _said(engine, ids, n=3, temperature=temperature)
+        assert got == [("first", "stop", None), (CALL, "stop", None), ("first", "stop", None)]
+
+
+async def test_max_tokens_cuts_a_script() -> None:
+    engine = ScriptedEngine()
+    assert await _said(engine, _say("Hello, world"), max_tokens=5) == [("Hello", "length", None)]
+    assert await _said(engine, _say("Hello"), max_tokens=5) == [("Hello", "length", None)]  # EOS would be 6th
+    assert await _said(engine, _say("Hello"), max_tokens=6) == [("Hello", "stop", None)]
+
+
+async def test_stop_strings_and_stop_tokens_cut_a_script() -> None:
+    engine = ScriptedEngine()
+    ids = _say("Hello, world")
+    assert await _said(engine, ids, stop=("o, w",)) == [("Hell", "stop", "o, w")]
+    assert await _said(engine, ids, stop=("o, w",), include_stop_str_in_output=True) == [("Hello, w", "stop", "o, w")]
+    comma = ord(",") + 3
+    assert await _said(engine, ids, stop_token_ids=(comma,)) == [("Hello", "stop", comma)]  # type: ignore[list-item]
+
+
+async def test_after_a_script_min_tokens_and_ignore_eos_draw_letters() -> None:
+    engine = ScriptedEngine()
+    ids = _say("Hi")
+    ((text, finish, _),) = await _said(engine, ids, min_tokens=6)
+    assert text.startswith("Hi") and len(text) == 6 and finish == "stop"  # EOS as soon as it may
+    ((text, finish, _),) = await _said(engine, ids, ignore_eos=True, max_tokens=30)
+    assert text.startswith("Hi") and len(text) == 30 and finish == "length"
+    assert set(text[2:]) <= set("abcdefghijklmnopqrstuvwxyz ")
+
+
+async def test_a_choice_constraint_wins_over_a_script() -> None:
+    engine = ScriptedEngine()
+    got = await _said(engine, _say("Hello"), structured_outputs=Structured(choice=("yes",)))
+    assert got == [("yes", "stop", None)]
+
+
+async def test_a_script_of_utf8_comes_in_whole_characters() -> None:
+    engine = ScriptedEngine()
+    text = "é 東京 🙂!"
+    outputs = await _collect(engine, EngineRequest("u", _say(text), SamplingParams(max_tokens=100)))
+    deltas = [o.choices[0].text for o in outputs]
+    assert "".join(deltas) == text and "\ufffd" not in "".join(deltas)
+    assert len(outputs) == len(text.encode()) + 1  # still one byte a step: "" while a character is incomplete
+    assert deltas[:3] == ["", "é", " "] and "🙂" in deltas
+    # cut inside a character: what was held back comes out as the tokenizer decodes it
+    cut = await _collect(engine, EngineRequest("c", _say(text), SamplingParams(max_tokens=4)))
+    joined = join_deltas(cut).choices[0]
+    assert joined.text == "é \ufffd" == engine.tokenizer.decode(joined.token_ids)
+    # a stop string cuts the held-back bytes off
+    assert await _said(engine, _say(text), stop=(" 東",)) == [("é", "stop", " 東")]
+
+
+async def test_a_lagging_reader_on_the_engines_clock_gets_the_whole_script(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    engine = ScriptedEngine(token_delay=0.01)
+    ids = _say(CALL, "é" + CALL)
+    async with engine.open_request(EngineRequest("l", ids, SamplingParams(max_tokens=500, n=2))) as outputs:
+        await trio.sleep(0.25)  # nobody reads meanwhile
+        read = [o async for o in outputs]
+    assert len(read[0].choices[0].token_ids) > 1  # merged while the reader lagged
+    assert [(c.text, c.finish_reason) for c in join_deltas(read).choices] == [(CALL, "stop"), ("é" + CALL, "stop")]
+
+
+# --- observe: every output as it is made, before any merging --------------------------------------
+
+
+def _texts_by_choice(outputs: list[EngineOutput]) -> dict[int, str]:
+    texts: dict[int, str] = {}
+    for o in outputs:
+        for d in o.choices:
+            texts[d.index] = texts.get(d.index, "") + d.text
+    return texts
+
+
+async def test_observe_sees_each_step_while_a_lagging_reader_gets_them_merged(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    params = SamplingParams(max_tokens=30, n=2, seed=3, logprobs=1, ignore_eos=True, stop=("zz",))
+    ids = _say("Hello, observer", "é" + CALL)
+    steps = await _collect(ScriptedEngine(), EngineRequest("l", ids, params))  # lockstep: one output a step
+
+    engine = ScriptedEngine(token_delay=0.01)
+    observed: list[EngineOutput] = []
+    async with engine.open_request(EngineRequest("c", ids, params), observe=observed.append) as outputs:
+        await trio.sleep(0.105)  # nobody reads: 10 steps are made and observed meanwhile
+        assert observed == steps[:10]
+        read = [o async for o in outputs]
+    assert [len(c.token_ids) for c in read[0].choices] == [10, 10]  # the reader got them merged
+    assert observed == steps  # every step, once, in order
+    assert _texts_by_choice(observed) == _texts_by_choice(read) == _texts_by_choice(steps)
+    assert join_deltas(observed) == join_deltas(read)
+
+
+async def test_observe_comes_before_deliver_and_sees_what_deliver_refused(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    engine = ScriptedEngine(token_delay=0.01)
+    events: list[tuple[str, str]] = []
+    taking = [False]
+
+    def deliver(output: EngineOutput) -> bool:
+        events.append(("deliver", output.choices[0].text))
+        return taking[0]
+
+    def observe(output: EngineOutput) -> None:
+        events.append(("observe", output.choices[0].text))
+
+    request = EngineRequest("d", _say("abcdef"), SamplingParams(max_tokens=50))
+    async with engine.open_request(request, None, deliver, observe=observe) as outputs:
+        await trio.sleep(0.025)  # "a" refused by deliver, "b" merged into it: both observed
+        taking[0] = True
+        first = await outputs.__anext__()
+        await trio.sleep(1)
+        assert [o async for o in outputs] == []  # the rest was delivered
+    assert first.choices[0].text == "ab"
+    assert events == [
+        ("observe", "a"),
+        ("deliver", "a"),
+        ("observe", "b"),
+        *((kind, c) for c in "cdef" for kind in ("observe", "deliver")),
+        ("observe", ""),  # EOS
+        ("deliver", ""),
+    ]
+
+
+@pytest.mark.parametrize("final_only", [False, True])
+async def test_observe_in_lockstep_sees_each_step_once(final_only: bool) -> None:
+    engine = ScriptedEngine()
+    params = SamplingParams(max_tokens=12, n=2, seed=5, ignore_eos=True)
+    ids = tuple(engine.tokenizer.encode("lockstep"))
+    steps = await _collect(engine, EngineRequest("s", ids, params))
+    observed: list[EngineOutput] = []
+    async with engine.open_request(
+        EngineRequest("o", ids, params, final_only=final_only), observe=observed.append
+    ) as outputs:
+        read = [o async for o in outputs]
+    assert observed == steps and len(observed) == 12
+    assert join_deltas(read) == join_deltas(observed)
+    assert len(read) == (1 if final_only else 12)
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.01])
+async def test_a_failure_is_not_observed(delay: float, autojump_clock: trio.testing.MockClock) -> None:
+    engine = ScriptedEngine(token_delay=delay)
+    observed: list[EngineOutput] = []
+    ids = tuple(engine.tokenizer.encode("x braid:fail@3"))
+    request = EngineRequest("f", ids, SamplingParams(max_tokens=50, ignore_eos=True))
+    with pytest.raises(EngineError):
+        async with engine.open_request(request, observe=observed.append) as outputs:
+            async for _ in outputs:
+                pass
+    assert len(observed) == 3 and not any(o.finished for o in observed)

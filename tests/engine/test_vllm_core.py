@@ -7,8 +7,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import enum
+import os
 import socket
 import types
+from collections.abc import Iterator
 from typing import Any, cast
 
 import attrs
@@ -18,8 +20,8 @@ import trio.testing
 import zmq
 
 from braid.engine.base import EngineOutput, EngineRequest, ModelInfo, SamplingParams
-from braid.engine.vllm_common import HfTokenizer
-from braid.engine.vllm_core import MAX_BURST, OUTPUT_CHUNK, OutputSlot, VllmCoreEngine
+from braid.engine.vllm_common import CPU_ENVIRONMENT, OFFLINE_ENVIRONMENT, HfTokenizer, engine_outputs
+from braid.engine.vllm_core import MAX_BURST, OUTPUT_CHUNK, FaultySlot, OutputSlot, VllmCoreEngine
 from braid.errors import BraidError, EngineError, EngineUnavailable
 
 
@@ -637,3 +639,145 @@ async def test_a_refused_output_waits_and_later_ones_merge_into_it_until_taken()
     assert delivered == [(3,)]
     with pytest.raises(trio.EndOfChannel):
         await slot.get()
+
+
+# -- observe: each output as vLLM's output processor puts it, before merging or delivery --------
+
+
+def failed_child(index: int, *tokens: int) -> types.SimpleNamespace:
+    """One choice of an n > 1 request ended with an error while the others run on (not finished)."""
+    out = types.SimpleNamespace(index=index, text="", token_ids=list(tokens), logprobs=None, stop_reason=None)
+    out.finish_reason = "error"
+    return types.SimpleNamespace(
+        finished=False, outputs=[out], prompt_token_ids=[7], prompt_logprobs=None, num_cached_tokens=0
+    )
+
+
+async def test_observe_sees_each_output_before_it_merges_or_is_delivered() -> None:
+    events: list[tuple[str, EngineOutput]] = []
+    accept = [False]
+
+    def deliver(out: EngineOutput) -> bool:
+        events.append(("deliver", out))
+        return accept[0]
+
+    slot = OutputSlot(aggregate=True, deliver=deliver, observe=lambda out: events.append(("observe", out)))
+    slot.put(Ro(1))  # refused: it waits
+    slot.put(Ro(2, 3))  # merged into what waits: deliver is not asked
+    (got,) = await slot.get()
+    assert got.tokens == [1, 2, 3]
+    accept[0] = True
+    slot.put(Ro(4, finished=True))  # delivered, and the reader sees the end
+    with pytest.raises(trio.EndOfChannel):
+        await slot.get()
+    assert [kind for kind, _ in events] == ["observe", "deliver", "observe", "observe", "deliver"]
+    assert [out.choices[0].token_ids for kind, out in events if kind == "observe"] == [(1,), (2, 3), (4,)]
+    assert events[0][1] is events[1][1] and events[3][1] is events[4][1]  # converted once for both
+
+
+async def test_failures_are_not_observed_and_a_failed_child_fails_the_slot() -> None:
+    observed: list[EngineOutput] = []
+    failures: list[OutputSlot] = []
+    slot = OutputSlot(aggregate=True, failures=failures, observe=observed.append)
+    slot.put(Ro(1))
+    slot.put(failed_child(1, 2))  # converting it raises: the slot fails, the output processor goes on
+    slot.put(Ro(3))
+    assert [o.choices[0].token_ids for o in observed] == [(1,)] and failures == [slot]
+    with pytest.raises(EngineError):
+        await slot.get()
+
+    finished_error = Out(4, finished=True)
+    finished_error.outputs = [choice(4, finish_reason="error")]
+    slot = OutputSlot(aggregate=True, failures=[], observe=observed.append)
+    slot.put(finished_error)
+    faulty = FaultySlot(True, [], None, None, observed.append, 1)
+    faulty.put(Ro(5))
+    faulty.put(Ro(6))  # the second token: over the fault's 1
+    assert [o.choices[0].token_ids for o in observed] == [(1,), (5,)]
+    for failed in (slot, faulty):
+        with pytest.raises(EngineError):
+            await failed.get()
+
+
+async def test_open_request_observes_its_outputs_until_the_block_is_left() -> None:
+    engine, sock, op = engine_with_putting_processor()
+    observed: list[EngineOutput] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(engine.pump_outputs)
+        async with engine.open_request(ONE, observe=observed.append) as outputs:
+            slot = op.request_states["r-int"].queue
+            for step in range(1, 3):
+                put: list[tuple[str, Out]] = [("r-int", Ro(step))]
+                sock.push(Step(put))
+            await trio.testing.wait_all_tasks_blocked()  # nobody reads meanwhile
+            assert [o.choices[0].token_ids for o in observed] == [(1,), (2,)]
+            first = await outputs.__anext__()
+            assert first.choices[0].token_ids == (1, 2)
+        slot.put(Ro(3, finished=True))  # vLLM's abort output, once the block is left
+        assert len(observed) == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_engine_outputs_observes_each_output_it_yields_but_not_a_fault() -> None:
+    # The AsyncLLM client's path: outputs observed as they reach the reader.
+    batches = [[Ro(1), Ro(2, 3)], [Ro(4, 5)]]
+
+    async def receive_batch() -> list[Ro]:
+        if not batches:
+            raise trio.EndOfChannel
+        return batches.pop(0)
+
+    observed: list[EngineOutput] = []
+    got: list[EngineOutput] = []
+    with pytest.raises(EngineError, match="braid:fail@3"):
+        async for out in engine_outputs(receive_batch, 3, observed.append):
+            assert observed[-1] is out  # observed before it was yielded
+            got.append(out)
+    assert observed == got and [o.choices[0].token_ids for o in got] == [(1,), (2, 3)]
+
+
+# -- observe on the real engine (the tiny model, started in this process) -------------------------
+
+
+@pytest.fixture
+def vllm_environment() -> Iterator[None]:
+    """open_vllm_engine sets vLLM's environment in this process's os.environ: put it back after."""
+    saved = {key: os.environ.get(key) for key in {**OFFLINE_ENVIRONMENT, **CPU_ENVIRONMENT}}
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.mark.vllm
+@pytest.mark.usefixtures("vllm_environment")
+async def test_on_the_real_engine_observe_sees_every_step_while_the_reader_lags() -> None:
+    from braid.engine.vllm import open_vllm_engine
+    from tools.servers import engine_settings, tiny_model_dir
+
+    observed: list[EngineOutput] = []
+    lagged = trio.Event()
+
+    def observe(out: EngineOutput) -> None:
+        observed.append(out)
+        if len(observed) == 8:
+            lagged.set()
+
+    prompt = "def main("
+    params = SamplingParams(max_tokens=12, n=2, seed=1, ignore_eos=True)
+    async with open_vllm_engine(str(tiny_model_dir()), engine_kwargs=engine_settings(0)) as engine:
+        request = EngineRequest("observed", tuple(engine.tokenizer.encode(prompt)), params, prompt)
+        async with engine.open_request(request, observe=observe) as outputs:
+            await lagged.wait()  # the reader lags: 8 outputs were made before it reads
+            read = [out async for out in outputs]
+    # one output per engine step and choice (vLLM puts each child's own), each one token
+    assert all(len(out.choices) == 1 and len(out.choices[0].token_ids) == 1 for out in observed)
+    assert max(len(c.token_ids) for c in read[0].choices) > 1  # the reader got several steps merged
+    for k in (0, 1):
+        seen = [c for out in observed for c in out.choices if c.index == k]
+        taken = [c for out in read for c in out.choices if c.index == k]
+        assert len(seen) == 12 and seen[-1].finish_reason == "length"
+        assert "".join(c.text for c in seen) == "".join(c.text for c in taken)
+        assert [t for c in seen for t in c.token_ids] == [t for c in taken for t in c.token_ids]

@@ -146,7 +146,7 @@ class EmptyDeltaEngine(ScriptedEngine):
 
     @asynccontextmanager
     async def open_request(
-        self, request: EngineRequest, on_failure: object = None, deliver: object = None
+        self, request: EngineRequest, on_failure: object = None, deliver: object = None, observe: object = None
     ) -> AsyncIterator[AsyncIterator[EngineOutput]]:
         async def outputs() -> AsyncIterator[EngineOutput]:
             await trio.sleep(6)

@@ -45,6 +45,16 @@ Contract:
   into one memory channel, where a blocked sender goes before any later ``send_nowait``). An
   engine that never calls it is correct; its reader just wakes once per output. (This saves a task switch per output on the hot path:
   docs/performance.md, round 10.)
+* **Outputs may be observed as they are made.** ``open_request(request, on_failure, deliver,
+  observe=observe)``: ``observe(output)`` is called with every output of the request as the
+  engine makes it, one engine step at a time, in order, BEFORE any merging of deltas for a
+  lagging reader (and before ``deliver``), on the Trio thread; it must not call back into the
+  engine and must not raise. A tool-call parser needs each step's delta (several vLLM parsers
+  lose calls when one delta carries several tokens). Not called for failures, nor once the
+  block is left. A ``final_only`` request's outputs are observed as they are made too (an
+  engine that makes only the final output, as vLLM's ``FINAL_ONLY`` does, observes that one).
+  An engine whose outputs come merged from elsewhere (:class:`~braid.engine.vllm.VllmEngine`:
+  ``AsyncLLM`` merges them before braid sees them) observes each as it receives it.
 * A structured-output constraint (``SamplingParams.structured_outputs``) is checked with
   :func:`check_structured` before the response starts, so that a constraint the engine cannot
   compile is a 400, not an error after a stream's 200.
@@ -195,6 +205,9 @@ FailureHandler = Callable[[BraidError], None]
 Deliver = Callable[[EngineOutput], bool]
 """Takes an output where the engine makes it, or says it cannot now (see the module docstring)."""
 
+Observe = Callable[[EngineOutput], None]
+"""Sees each output as the engine makes it, before any merging (see the module docstring)."""
+
 
 class Tokenizer(Protocol):
     """A model's tokenizer, used on the Trio thread. ``decode``, ``token_strs`` and
@@ -251,6 +264,11 @@ class Tokenizer(Protocol):
         template and none is given."""
         ...
 
+    def parser_tokenizer(self) -> Any:
+        """The tokenizer vLLM's tool-call and reasoning parsers read (Hugging Face's interface);
+        loaded on first call."""
+        ...
+
 
 class Engine(Protocol):
     @property
@@ -267,7 +285,12 @@ class Engine(Protocol):
         ...
 
     def open_request(
-        self, request: EngineRequest, on_failure: FailureHandler | None = None, deliver: Deliver | None = None
+        self,
+        request: EngineRequest,
+        on_failure: FailureHandler | None = None,
+        deliver: Deliver | None = None,
+        *,
+        observe: Observe | None = None,
     ) -> AbstractAsyncContextManager[AsyncIterator[EngineOutput]]: ...
 
     def abort_requests(self, request_ids: Sequence[str]) -> None:

@@ -18,6 +18,12 @@ text that may still become a stop string), stop token ids, ``logprobs`` and ``pr
 are honoured; the other sampling parameters (top_p, penalties, logit_bias...) are accepted and
 have no effect here.
 
+A choice's text is decoded from its bytes as vLLM's detokenizer decodes byte-fallback tokens:
+the bytes of a UTF-8 character that is not complete yet are held back until it is (a scripted
+reply's ``é`` comes as one character, in the output of its second byte); those still incomplete
+when the choice ends by EOS, a stop token or ``max_tokens`` come out as U+FFFD, as
+:meth:`ByteTokenizer.decode` gives them.
+
 **Pace.** With ``token_delay > 0`` the engine generates on its own clock, as a real engine does:
 a request's task produces one token per choice every ``token_delay`` seconds whether or not its
 outputs are taken, and the deltas its reader has not taken yet merge into one pending output
@@ -39,6 +45,19 @@ Fault hooks, read from the prompt's text (token-id prompts are decoded first):
   at its first step, after braid has admitted it and a stream may have started, as vLLM's lazy
   validation does.
 
+A reply hook, read the same way, makes the engine write what a test needs (a tool call, a
+reasoning block):
+
+* ``<braid:say>TEXT</braid:say>`` -- each choice emits TEXT (any characters up to the first
+  closing tag, newlines included) instead of drawn letters: its UTF-8 bytes, one byte token per
+  step, then EOS with ``finish_reason`` "stop". With several blocks in the prompt, choice ``k``
+  emits the ``k``-th modulo their number (whatever the temperature), so that ``n > 1`` choices
+  can differ. The script is generated text like any other: ``max_tokens`` cuts it ("length"),
+  stop strings and stop token ids end it (``include_stop_str_in_output`` as usual), its tokens
+  have logprobs (the scripted token first). The EOS after it waits for ``min_tokens``, with
+  drawn letters meanwhile; with ``ignore_eos`` drawn letters follow it up to ``max_tokens``, as
+  a model would go on. A ``choice`` constraint wins over a script: the choice is emitted.
+
 A fault fires when its step is generated (on the engine's clock, read or not): the request's
 ``on_failure`` is called then, and its reader gets the error next, in place of any output still
 waiting (as in vLLM's output collector, an error replaces what the reader had not taken).
@@ -51,6 +70,7 @@ each change of them (a test waits on the engine this way, instead of polling it)
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import math
@@ -71,6 +91,7 @@ from braid.engine.base import (
     FailureHandler,
     Logprob,
     ModelInfo,
+    Observe,
     SamplingParams,
     TopLogprobs,
 )
@@ -82,6 +103,8 @@ _OFFSET = 3
 VOCAB_SIZE = 256 + _OFFSET
 _ALPHABET = tuple(ord(c) + _OFFSET for c in "abcdefghijklmnopqrstuvwxyz ")
 _FAIL = re.compile(r"braid:fail@(\d+)")
+_SAY = re.compile(r"<braid:say>(.*?)</braid:say>", re.DOTALL)
+_UTF8 = codecs.getincrementaldecoder("utf-8")
 
 
 class ByteTokenizer:
@@ -91,6 +114,13 @@ class ByteTokenizer:
     max_chars_per_token = max(map(len, _SPECIAL.values()))  # "<pad>"; every byte token is 1 character
     bos_token_id = BOS
     eos_token_id = EOS
+    _hf_view: HfView | None = None
+
+    def parser_tokenizer(self) -> HfView:
+        """This tokenizer as vLLM's parsers read it (:class:`HfView`), made once."""
+        if self._hf_view is None:
+            self._hf_view = HfView(self)
+        return self._hf_view
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         ids = [b + _OFFSET for b in text.encode("utf-8")]
@@ -163,6 +193,55 @@ def _json(value: object) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+class HfView:
+    """A :class:`ByteTokenizer` through the part of Hugging Face's tokenizer interface that vLLM's
+    tool-call and reasoning parsers use (``ByteTokenizer.parser_tokenizer()``).
+
+    The vocabulary spells each id as ``token_strs`` does: ``<s>``, ``</s>``, ``<pad>``, printable
+    ASCII bytes as themselves, other bytes as ``<0xNN>``. It has no multi-character token, so a
+    parser that looks its tags up as single tokens (``<think>``) finds none and matches them in
+    the text instead, if it can. ``get_vocab()`` returns the one dict built here, as vLLM's cached
+    tokenizer does (the parsers read it and never change it). ``decode`` skips the special tokens
+    unless told otherwise, unlike Hugging Face: this engine's text never holds them (EOS ends a
+    choice), so a parser that decodes a choice's token ids gets the text the engine emitted.
+    """
+
+    name_or_path = "scripted"
+
+    def __init__(self, tokenizer: ByteTokenizer) -> None:
+        self._tok = tokenizer
+        self._tokens = tokenizer.token_strs(range(VOCAB_SIZE))
+        self._vocab = {t: i for i, t in enumerate(self._tokens)}
+        self.all_special_ids = sorted(_SPECIAL)
+        self.all_special_tokens = [_SPECIAL[i] for i in self.all_special_ids]
+        self.bos_token_id = tokenizer.bos_token_id
+        self.eos_token_id = tokenizer.eos_token_id
+
+    @property
+    def vocab(self) -> dict[str, int]:
+        return self._vocab
+
+    def get_vocab(self) -> dict[str, int]:
+        return self._vocab
+
+    def encode(self, text: str, add_special_tokens: bool = True, **_: Any) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens)
+
+    def decode(self, ids: int | Sequence[int], skip_special_tokens: bool = True, **_: Any) -> str:
+        return self._tok.decode([ids] if isinstance(ids, int) else list(ids), skip_special_tokens=skip_special_tokens)
+
+    def convert_tokens_to_ids(self, tokens: str | Sequence[str]) -> int | None | list[int | None]:
+        """None for a token the vocabulary does not have, as Hugging Face's slow tokenizers."""
+        if isinstance(tokens, str):
+            return self._vocab.get(tokens)
+        return [self._vocab.get(t) for t in tokens]
+
+    def convert_ids_to_tokens(self, ids: int | Sequence[int], skip_special_tokens: bool = False) -> str | list[str]:
+        if isinstance(ids, int):
+            return self._tokens[ids]
+        return [self._tokens[i] for i in ids if not (skip_special_tokens and i in _SPECIAL)]
+
+
 _TOKENIZER = ByteTokenizer()
 
 
@@ -217,21 +296,28 @@ def _top(token_id: int, k: int, *parts: object) -> TopLogprobs:
 class _Choice:
     k: int
     seed: int = 0  # what its tokens are drawn from (_draw)
+    script: bytes | None = None  # what it says (<braid:say>) before it draws letters
     text: str = ""
     emitted: int = 0
     tokens: int = 0
     finished: bool = False
+    utf8: codecs.IncrementalDecoder | None = None
+    """Made at its first byte that is not ASCII: it holds back the bytes of an incomplete character."""
 
 
 @attrs.define(eq=False)
 class _Generation:
-    """The state of one running request; ``outputs`` is its delta stream."""
+    """The state of one running request; :meth:`steps` makes its outputs, each handed to
+    ``observe`` as it is made, before any merging (lockstep's ``final_only`` join, or
+    :class:`_Pending`'s for a lagging reader) and before ``deliver``."""
 
     request: EngineRequest
     token_delay: float
     fail_after: int | None
     invalid: bool
     cached_tokens: int = 0
+    scripts: tuple[bytes, ...] = ()  # the prompt's <braid:say> texts
+    observe: Observe | None = None
     finished: bool = False
     failure: BraidError | None = None  # the fault that ended it
 
@@ -243,9 +329,15 @@ class _Generation:
             picked = options[int(_unit("choice", p.seed, self.request.prompt_token_ids, k) * len(options))]
             data = picked.encode("ascii")  # ASCII only (check_structured): one token per character
             return data[choice.tokens] + _OFFSET if choice.tokens < len(data) else EOS
+        # the low half decides EOS (unless a script does), the high half picks the letter
         x = _draw(choice.seed, choice.tokens)
-        # the low half decides EOS, the high half picks the letter
-        if not p.ignore_eos and choice.tokens >= p.min_tokens and (x & 0xFFFFFFFF) * 24 < 2**32:
+        script = choice.script
+        if script is not None:
+            if choice.tokens < len(script):
+                return script[choice.tokens] + _OFFSET
+            if not p.ignore_eos and choice.tokens >= p.min_tokens:
+                return EOS  # said: it ends as soon as it may
+        elif not p.ignore_eos and choice.tokens >= p.min_tokens and (x & 0xFFFFFFFF) * 24 < 2**32:
             return EOS
         return _ALPHABET[((x >> 32) * len(_ALPHABET)) >> 32]
 
@@ -263,7 +355,12 @@ class _Generation:
         elif token in p.stop_token_ids and choice.tokens > p.min_tokens:
             finish, stop_reason = "stop", token
         else:
-            choice.text += _TOKENIZER.token_text(token)
+            if token < 0x80 + _OFFSET and choice.utf8 is None:
+                choice.text += chr(token - _OFFSET)  # ASCII, the drawn letters: the fast path
+            else:
+                if choice.utf8 is None:
+                    choice.utf8 = _UTF8("replace")
+                choice.text += choice.utf8.decode(bytes((token - _OFFSET,)))
             for s in p.stop:
                 at = choice.text.find(s, max(0, choice.emitted - len(s)))
                 if at >= 0:
@@ -277,6 +374,9 @@ class _Generation:
             hold = max((len(s) - 1 for s in p.stop), default=0)
             upto = max(choice.emitted, len(choice.text) - hold)
         else:
+            if choice.utf8 is not None and not isinstance(stop_reason, str):
+                # What is left of an incomplete character (after a stop string, it is cut off).
+                choice.text += choice.utf8.decode(b"", final=True)
             upto = len(choice.text)
             choice.finished = True
         text = choice.text[choice.emitted : upto]
@@ -298,8 +398,15 @@ class _Generation:
             raise EngineRejected("The scripted engine rejected this prompt (braid:invalid).", param="prompt")
         ids = self.request.prompt_token_ids
         p = self.request.params
-        choices = [_Choice(k, _seed_of(p.seed, ids, k if p.temperature > 0 else 0)) for k in range(p.n)]
+        scripts = self.scripts
+        choices = [
+            _Choice(
+                k, _seed_of(p.seed, ids, k if p.temperature > 0 else 0), scripts[k % len(scripts)] if scripts else None
+            )
+            for k in range(p.n)
+        ]
         prompt_logprobs = self._prompt_logprobs()
+        observe = self.observe
         produced = 0
         # In lockstep, a final_only request's steps run back to back: nobody reads between them
         # (vLLM's FINAL_ONLY wakes its reader once too), so the ceiling's non-streaming run
@@ -316,7 +423,10 @@ class _Generation:
             produced += 1
             done = all(c.finished for c in choices)
             self.finished = done
-            yield EngineOutput(ids, deltas, done, prompt_logprobs, self.cached_tokens)
+            output = EngineOutput(ids, deltas, done, prompt_logprobs, self.cached_tokens)
+            if observe is not None:
+                observe(output)
+            yield output
             prompt_logprobs = None
             if done:
                 return
@@ -524,11 +634,17 @@ class ScriptedEngine:
 
     @asynccontextmanager
     async def open_request(
-        self, request: EngineRequest, on_failure: FailureHandler | None = None, deliver: Deliver | None = None
+        self,
+        request: EngineRequest,
+        on_failure: FailureHandler | None = None,
+        deliver: Deliver | None = None,
+        *,
+        observe: Observe | None = None,
     ) -> AsyncIterator[AsyncIterator[EngineOutput]]:
-        """Run one request (see the module docstring for its pace and faults). Leaving early
-        (cancellation included) aborts it; nothing here waits for anything on exit. On its own
-        clock it delivers outputs with ``deliver``; in lockstep its reader asks for each."""
+        """Run one request (see the module docstring for its pace, faults and script). Leaving
+        early (cancellation included) aborts it; nothing here waits for anything on exit. On its
+        own clock it delivers outputs with ``deliver``; in lockstep its reader asks for each.
+        ``observe`` sees every step's output as it is made, in both."""
         if not self.healthy:
             raise EngineUnavailable("The engine is not running.")
         try:
@@ -543,6 +659,8 @@ class ScriptedEngine:
             int(fail.group(1)) if fail else None,
             "braid:invalid" in text,
             self.prefix_cache.read(request.prompt_token_ids),
+            tuple(say.encode() for say in _SAY.findall(text)),
+            observe,
         )
 
         def failed(err: BraidError) -> None:

@@ -24,7 +24,16 @@ import attrs
 import trio
 
 from braid.engine.asyncio_bridge import AsyncioThread, open_asyncio_thread
-from braid.engine.base import Deliver, Engine, EngineOutput, EngineRequest, FailureHandler, ModelInfo, SamplingParams
+from braid.engine.base import (
+    Deliver,
+    Engine,
+    EngineOutput,
+    EngineRequest,
+    FailureHandler,
+    ModelInfo,
+    Observe,
+    SamplingParams,
+)
 from braid.engine.vllm_common import (
     CPU_ENGINE_ARGS,
     HfTokenizer,
@@ -55,6 +64,10 @@ class VllmEngine:
     ``AsyncLLM`` hands an error over only as the next output. So it never calls ``on_failure``;
     behind a client that reads nothing a failed batch is aborted by the stall timeout. The default
     client (:mod:`.vllm_core`) reports failures as it processes them.
+
+    For the same reason ``observe`` sees the outputs as they reach the reader, not one per engine
+    step: ``AsyncLLM`` merges the deltas of a request whose outputs wait (its output collector)
+    before braid sees them. Each output is observed once, in order, before it is yielded.
     """
 
     bridge: AsyncioThread
@@ -92,6 +105,8 @@ class VllmEngine:
         request: EngineRequest,
         on_failure: FailureHandler | None = None,
         deliver: Deliver | None = None,  # not used: outputs cross from the asyncio thread to the reader
+        *,
+        observe: Observe | None = None,  # as outputs are received, already merged by vLLM (see the class)
     ) -> AsyncIterator[AsyncIterator[EngineOutput]]:
         if self.llm.errored:
             raise EngineUnavailable("The engine is not running.")
@@ -108,7 +123,7 @@ class VllmEngine:
             return llm.generate(prompt, params, request.request_id)
 
         async with self.bridge.open_stream(start, map_error) as stream:
-            agen = engine_outputs(stream.receive_batch, fail_after(request, self.fault_hooks))
+            agen = engine_outputs(stream.receive_batch, fail_after(request, self.fault_hooks), observe)
             try:
                 yield agen
             finally:
@@ -140,7 +155,7 @@ def _model_info_maker(model: str, names: Any) -> Callable[[Any], Awaitable[tuple
             from transformers import AutoTokenizer
 
             tok = AutoTokenizer.from_pretrained(mc.tokenizer, trust_remote_code=mc.trust_remote_code)
-            return HfTokenizer(tok, mc.get_vocab_size())
+            return HfTokenizer(tok, mc.get_vocab_size(), trust_remote_code=mc.trust_remote_code)
 
         tokenizer = await trio.to_thread.run_sync(load_tokenizer)
         info = ModelInfo(

@@ -17,7 +17,7 @@ import attrs
 import msgspec
 import trio
 
-from braid.engine.base import ChoiceDelta, EngineOutput, EngineRequest, Logprob, SamplingParams, TopLogprobs
+from braid.engine.base import ChoiceDelta, EngineOutput, EngineRequest, Logprob, Observe, SamplingParams, TopLogprobs
 from braid.engine.constraint import Structured
 from braid.errors import BraidError, EngineError, EngineRejected, EngineUnavailable, InvalidRequest
 
@@ -99,9 +99,11 @@ class HfTokenizer:
     ``transformers`` wrapper around it costs about as much again per prompt.
     """
 
-    def __init__(self, tok: Any, vocab_size: int) -> None:
+    def __init__(self, tok: Any, vocab_size: int, *, trust_remote_code: bool = False) -> None:
         self._tok = tok
         self.vocab_size = vocab_size
+        self._trust_remote_code = trust_remote_code  # how ``tok`` was loaded: parser_tokenizer loads alike
+        self._parser_tokenizer: Any = None
         # vLLM's own rule (its Hugging Face tokenizer wrapper): the longest vocabulary entry, as stored.
         self.max_chars_per_token = max((len(t) for t in tok.get_vocab()), default=1)
         self._worker_backend: Any = None
@@ -156,6 +158,16 @@ class HfTokenizer:
     def token_strs(self, token_ids: Sequence[int]) -> list[str]:
         # None for an id the tokenizer does not know (a model may have more ids than its tokenizer)
         return [t or "" for t in self._tok.convert_ids_to_tokens(list(token_ids))]
+
+    def parser_tokenizer(self) -> Any:
+        """vLLM's own tokenizer for the model (``vllm.tokenizers.get_tokenizer``: its cached
+        Hugging Face tokenizer, whose ``get_vocab`` does not rebuild the vocabulary at each call,
+        which some parsers make at every construction), loaded from where braid's was, once."""
+        if self._parser_tokenizer is None:
+            from vllm.tokenizers import get_tokenizer
+
+            self._parser_tokenizer = get_tokenizer(self._tok.name_or_path, trust_remote_code=self._trust_remote_code)
+        return self._parser_tokenizer
 
     def apply_chat_template(
         self,
@@ -369,10 +381,11 @@ def fail_after(request: EngineRequest, fault_hooks: bool) -> int | None:
 
 
 async def engine_outputs(
-    receive_batch: Callable[[], Awaitable[Sequence[Any]]], fail_after: int | None
+    receive_batch: Callable[[], Awaitable[Sequence[Any]]], fail_after: int | None, observe: Observe | None = None
 ) -> AsyncGenerator[EngineOutput, None]:
     """vLLM's RequestOutputs (``receive_batch`` raises ``trio.EndOfChannel`` at the end) as braid's
-    EngineOutputs, failing as the fault hook says once more than ``fail_after`` tokens came."""
+    EngineOutputs, failing as the fault hook says once more than ``fail_after`` tokens came; each
+    output that does not fail is handed to ``observe`` before it is yielded."""
     produced = 0  # tokens of the longest choice so far
     while True:
         try:
@@ -385,4 +398,6 @@ async def engine_outputs(
                 produced += max((len(c.token_ids) for c in out.choices), default=0)
                 if produced > fail_after:
                     raise EngineError(f"injected failure after {fail_after} tokens (braid:fail@{fail_after})")
+            if observe is not None:
+                observe(out)
             yield out

@@ -40,7 +40,7 @@ from typing import Any
 import attrs
 import trio
 
-from braid.engine.base import Deliver, EngineOutput, EngineRequest, FailureHandler, ModelInfo, SamplingParams
+from braid.engine.base import Deliver, EngineOutput, EngineRequest, FailureHandler, ModelInfo, Observe, SamplingParams
 from braid.engine.vllm_common import (
     HfTokenizer,
     check_structured,
@@ -67,9 +67,15 @@ class OutputSlot:
     the reader is not woken, unless it was the last output (then it wakes to see the end). When
     ``deliver`` refuses, the output waits for the reader as below.
 
+    With an ``observe`` function, every output that is not a failure is converted here once and
+    handed to it, before it is merged into what waits or delivered (``deliver`` then gets the
+    same converted output). vLLM puts one output per engine step (per child, for ``n > 1``), so
+    ``observe`` sees each step's delta however far the reader lags.
+
     While the reader lags, streamed deltas merge into one output (``RequestOutput.add``), so what
     waits is at most one output per request however slow the reader is. A failure (an exception
-    put here when the engine died, or an output that finished with an error) replaces what waits
+    put here when the engine died, an output that finished with an error, or one choice's error
+    found when an output is converted here) replaces what waits
     and ends the slot: the next :meth:`get` raises it, and the slot is queued on ``failures`` for
     the pump to report (:meth:`report`) once the step's processing has returned, because the
     handler aborts requests and vLLM's output processor must not be re-entered.
@@ -84,6 +90,7 @@ class OutputSlot:
         "_output",
         "_wakeup",
         "deliver",
+        "observe",
         "on_failure",
     )
 
@@ -93,6 +100,7 @@ class OutputSlot:
         failures: list[OutputSlot] | None = None,
         on_failure: FailureHandler | None = None,
         deliver: Deliver | None = None,
+        observe: Observe | None = None,
     ) -> None:
         self._aggregate = aggregate
         self._output: Any = None
@@ -103,6 +111,7 @@ class OutputSlot:
         self._failures = failures
         self.on_failure = on_failure
         self.deliver = deliver
+        self.observe = observe
 
     def put(self, output: Any) -> None:
         if self._error is not None:
@@ -114,13 +123,23 @@ class OutputSlot:
             self.fail(EngineError("Internal server error"))
             return
         held = self._output
-        if held is None:
-            deliver = self.deliver
-            if deliver is not None and deliver(convert_output(output)):
+        deliver = self.deliver if held is None else None
+        observe = self.observe
+        if observe is not None or deliver is not None:
+            try:
+                converted = convert_output(output)
+            except EngineError as exc:
+                # One choice's error while the others run on (n > 1): the request has failed.
+                self.fail(exc)
+                return
+            if observe is not None:
+                observe(converted)
+            if deliver is not None and deliver(converted):
                 if output.finished:
                     self._delivered_last = True
                     self._wake()
                 return
+        if held is None:
             self._output = output
         else:
             held.add(output, aggregate=self._aggregate)
@@ -186,9 +205,10 @@ class FaultySlot(OutputSlot):
         failures: list[OutputSlot],
         on_failure: FailureHandler | None,
         deliver: Deliver | None,
+        observe: Observe | None,
         fail_after: int,
     ) -> None:
-        super().__init__(aggregate, failures, on_failure, deliver)
+        super().__init__(aggregate, failures, on_failure, deliver, observe)
         self._fail_after = fail_after
         self._produced = 0  # tokens of the longest choice so far
 
@@ -289,7 +309,12 @@ class VllmCoreEngine:
 
     @asynccontextmanager
     async def open_request(
-        self, request: EngineRequest, on_failure: FailureHandler | None = None, deliver: Deliver | None = None
+        self,
+        request: EngineRequest,
+        on_failure: FailureHandler | None = None,
+        deliver: Deliver | None = None,
+        *,
+        observe: Observe | None = None,
     ) -> AsyncIterator[AsyncIterator[EngineOutput]]:
         if self._dead is not None:
             raise EngineUnavailable("The engine is not running.")
@@ -307,9 +332,9 @@ class VllmCoreEngine:
         internal_id = core_request.request_id
         fault = fail_after(request, self.fault_hooks)
         slot = (
-            OutputSlot(not request.final_only, self._failures, on_failure, deliver)
+            OutputSlot(not request.final_only, self._failures, on_failure, deliver, observe)
             if fault is None
-            else FaultySlot(not request.final_only, self._failures, on_failure, deliver, fault)
+            else FaultySlot(not request.final_only, self._failures, on_failure, deliver, observe, fault)
         )
         try:
             self._add(core_request, request.prompt_text, slot)
@@ -322,7 +347,8 @@ class VllmCoreEngine:
         try:
             yield agen
         finally:
-            slot.deliver = None  # the block is left: the abort's own final output must not reach the run
+            # The block is left: the abort's own final output must not reach the run.
+            slot.deliver = slot.observe = None
             await agen.aclose()
             # A finished request is gone from the output processor already; this finds nothing.
             self._forget(internal_id)
