@@ -28,6 +28,30 @@ def _bearer_keys(_inst: object, _attr: object, keys: tuple[str, ...]) -> None:
 
 
 @attrs.frozen
+class ParserOptions:
+    """Tool calling and reasoning: vLLM's server flags of the same names (issue 26).
+
+    Names are checked against vLLM's registries before the engine starts, and the parsers loaded
+    with the model's tokenizer when it has (:func:`braid.engine.vllm_parsers.load_parsers`).
+    """
+
+    enable_auto_tool_choice: bool = False
+    """``tool_choice: "auto"`` (and tools without a ``tool_choice``) are parsed for calls."""
+    tool_call_parser: str | None = None
+    """vLLM's tool-call parser by its registered name (hermes, pythonic, ...)."""
+    tool_parser_plugin: str | None = None
+    """A module or file that registers more tool parsers: code the operator runs, never a request."""
+    reasoning_parser: str | None = None
+    """vLLM's reasoning parser by its registered name (qwen3, deepseek_r1, ...)."""
+    exclude_tools_when_tool_choice_none: bool = False
+    """With ``tool_choice: "none"`` the template is not given the tools."""
+
+    @property
+    def active(self) -> bool:
+        return self.tool_call_parser is not None or self.reasoning_parser is not None
+
+
+@attrs.frozen
 class Settings:
     max_prompts: int = attrs.field(default=1024, validator=attrs.validators.gt(0))
     """Prompts per request."""
@@ -77,6 +101,8 @@ class Settings:
     """CORS origins (or "*"); empty: no CORS headers at all (braid.http.cors)."""
     access_log: bool = False
     """One log line per HTTP request on the ``braid.access`` logger (braid.http.access_log)."""
+    parsers: ParserOptions = attrs.Factory(ParserOptions)
+    """Tool calling and reasoning (vLLM's flags)."""
     forwarded_allow_ips: tuple[str, ...] = attrs.field(default=(), converter=parse_allowed)
     """Peers (IPs, networks, or "*") whose X-Forwarded-For/-Proto are trusted; empty: the headers
     are ignored (braid.http.forwarded)."""
@@ -87,4 +113,4 @@ class Settings:
         return ("/health", "/metrics") if self.metrics_public else ("/health",)
 
 
-__all__ = ["Settings"]
+__all__ = ["ParserOptions", "Settings"]

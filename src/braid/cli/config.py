@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from braid.cli.engines import EngineOptions
 from braid.cli.environ import API_KEY_ENV
 from braid.cli.fields import from_args
-from braid.settings import Settings
+from braid.settings import ParserOptions, Settings
 
 if TYPE_CHECKING:
     from braid.http.server import ServerConfig
@@ -36,7 +36,12 @@ def api_keys(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, ...
 def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Settings:
     """The front end's settings from ``braid serve``'s flags and ``env`` (default: the process's);
     ValueError for a value the settings refuse."""
-    return from_args(Settings, args, api_keys=api_keys(args, os.environ if env is None else env))
+    return from_args(
+        Settings,
+        args,
+        api_keys=api_keys(args, os.environ if env is None else env),
+        parsers=from_args(ParserOptions, args),
+    )
 
 
 def server_config_from(args: argparse.Namespace) -> ServerConfig:

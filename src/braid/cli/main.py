@@ -16,12 +16,13 @@ import os
 import sys
 from collections.abc import Callable
 
+import attrs
 import trio
 
 from braid.cli.config import engine_options_from, server_config_from, settings_from
 from braid.cli.engines import freeze_startup_heap, open_engine, runs_asyncllm, set_switch_interval
 from braid.cli.parser import build_parser
-from braid.cli.startup import StartupError, check_model_path, check_port_free, one_line
+from braid.cli.startup import StartupError, check_model_path, check_parsers, check_port_free, one_line
 from braid.engine.vllm_common import check_engine_args
 from braid.logs import configure as configure_logs
 
@@ -54,6 +55,11 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         # before the default model is built or any engine starts
         check_engine_args(engine_options.vllm_kwargs())
         settings = settings_from(args)
+        if settings.parsers.reasoning_parser is not None:
+            # As vLLM's server: the engine's structured output waits for the end of the
+            # reasoning, which its copy of the reasoning parser finds (an --engine-arg wins).
+            reasoning = ("reasoning_parser", settings.parsers.reasoning_parser)
+            engine_options = attrs.evolve(engine_options, engine_args=(reasoning, *engine_options.engine_args))
         cfg = server_config_from(args)
     except ValueError as exc:
         parser.error(str(exc))
@@ -65,6 +71,7 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         # Before the engine starts (which takes a while): the common mistakes, one line each.
         check_model_path(engine_options.model)
         check_port_free(cfg.host, cfg.port)
+        check_parsers(settings.parsers)
     except StartupError as exc:
         print(f"braid: {exc}", file=sys.stderr)
         return 1

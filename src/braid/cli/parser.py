@@ -18,7 +18,7 @@ from braid.cli.engines import ENGINE_CLIENTS, ENGINE_KINDS, EngineOptions
 from braid.cli.environ import API_KEY_ENV, apply_env_defaults
 from braid.cli.fields import add_field_option, field_default
 from braid.logs import LOG_FORMATS
-from braid.settings import Settings
+from braid.settings import ParserOptions, Settings
 
 
 def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
@@ -184,6 +184,48 @@ def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser], env
         action="append",
         metavar="ORIGIN",
         help="enable CORS for this origin, e.g. https://app.example, or * for any (repeatable; default: no CORS)",
+    )
+
+    t = s.add_argument_group("tool calling and reasoning, as vLLM's flags (docs/compatibility.md)")
+    add_field_option(
+        t,
+        ParserOptions,
+        "enable_auto_tool_choice",
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='parse tool calls from the output when tool_choice is "auto" (needs --tool-call-parser)',
+    )
+    add_field_option(
+        t,
+        ParserOptions,
+        "tool_call_parser",
+        "--tool-call-parser",
+        metavar="NAME",
+        help="vLLM's tool-call parser for the model's format, e.g. hermes, pythonic, llama3_json",
+    )
+    add_field_option(
+        t,
+        ParserOptions,
+        "tool_parser_plugin",
+        "--tool-parser-plugin",
+        metavar="PATH",
+        help="a Python module or file that registers more tool parsers (runs its code at start-up)",
+    )
+    add_field_option(
+        t,
+        ParserOptions,
+        "reasoning_parser",
+        "--reasoning-parser",
+        metavar="NAME",
+        help="vLLM's reasoning parser, e.g. qwen3, deepseek_r1: the thinking goes to the reasoning field",
+    )
+    add_field_option(
+        t,
+        ParserOptions,
+        "exclude_tools_when_tool_choice_none",
+        "--exclude-tools-when-tool-choice-none",
+        action="store_true",
+        help='with tool_choice "none", do not show the tools to the chat template',
     )
 
     g = s.add_argument_group("logs (braid.logs, braid.http.access_log)")

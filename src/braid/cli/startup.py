@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import socket
 
+from braid.settings import ParserOptions
+
 
 class StartupError(Exception):
     """A start-up problem braid can name before starting the engine."""
@@ -42,6 +44,21 @@ def check_port_free(host: str, port: int) -> None:
             raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
+def check_parsers(options: ParserOptions) -> None:
+    """Tool-call and reasoning parser names vLLM does not have (or flags that go together
+    wrongly), named with the valid ones. Imports vLLM's parsers only when a flag names one."""
+    if not (options.active or options.enable_auto_tool_choice or options.tool_parser_plugin):
+        return
+    try:
+        from braid.engine.vllm_parsers import ParserConfigError, check_parser_names
+    except ImportError as exc:
+        raise StartupError(f"tool and reasoning parsers are vLLM's, and vLLM is not installed ({exc})") from None
+    try:
+        check_parser_names(options)
+    except ParserConfigError as exc:
+        raise StartupError(str(exc)) from None
+
+
 def one_line(exc: BaseException) -> str:
     """The innermost real error of ``exc`` (through exception groups and causes), on one line."""
     while True:
@@ -55,4 +72,4 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-__all__ = ["StartupError", "check_model_path", "check_port_free", "one_line"]
+__all__ = ["StartupError", "check_model_path", "check_parsers", "check_port_free", "one_line"]

@@ -67,6 +67,38 @@ class ChoiceParser(Protocol):
 
     def parse(self, text: str, token_ids: Sequence[int]) -> ParsedOutput: ...
 
+    def reasoning_tokens(self, token_ids: Sequence[int]) -> int:
+        """How many of a choice's generated tokens are reasoning (0 without a reasoning parser)."""
+        ...
+
+
+def join(deltas: Sequence[ParsedDelta]) -> ParsedDelta:
+    """Several deltas of one choice as one (what a lagging reader is sent at once): texts
+    concatenated, and the pieces of each call joined into one piece per call, in call order
+    (its id and name from its first piece that has them). Rebuilding the joined delta gives
+    what rebuilding the deltas gives."""
+    if len(deltas) == 1:
+        return deltas[0]
+    pieces: dict[int, list[ToolCallDelta]] = {}
+    for d in deltas:
+        for piece in d.tool_calls:
+            pieces.setdefault(piece.index, []).append(piece)
+    calls = []
+    for index, parts in pieces.items():
+        calls.append(
+            ToolCallDelta(
+                index,
+                next((p.id for p in parts if p.id), None),
+                next((p.name for p in parts if p.name), None),
+                "".join(p.arguments for p in parts),
+            )
+        )
+    return ParsedDelta(
+        content="".join(d.content for d in deltas),
+        reasoning="".join(d.reasoning for d in deltas),
+        tool_calls=tuple(calls),
+    )
+
 
 def rebuild(deltas: Iterable[ParsedDelta]) -> ParsedOutput:
     """A choice's streamed deltas put back together, as a client rebuilds them: content and
@@ -93,4 +125,4 @@ def rebuild(deltas: Iterable[ParsedDelta]) -> ParsedOutput:
     )
 
 
-__all__ = ["ChoiceParser", "ParsedDelta", "ParsedOutput", "ToolCall", "ToolCallDelta", "rebuild"]
+__all__ = ["ChoiceParser", "ParsedDelta", "ParsedOutput", "ToolCall", "ToolCallDelta", "join", "rebuild"]

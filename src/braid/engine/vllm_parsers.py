@@ -21,7 +21,10 @@ moved three times in a year; braid meets it here alone and hands the rest of bra
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,28 +34,17 @@ from vllm.parser import ParserManager
 from vllm.reasoning import ReasoningParserManager
 from vllm.renderers.chat_utils import make_tool_call_id
 from vllm.tool_parsers import ToolParserManager
+from vllm.utils.import_utils import import_plugin
 
+from braid.engine.constraint import Structured
 from braid.engine.tool_calls import ParsedDelta, ParsedOutput, ToolCall, ToolCallDelta
+from braid.settings import ParserOptions
 
 log = logging.getLogger("braid")
 
 
 class ParserConfigError(ValueError):
     """A parser flag names what vLLM does not have, or what the model's tokenizer cannot use."""
-
-
-@attrs.frozen
-class ParserOptions:
-    """vLLM's server flags of the same names."""
-
-    enable_auto_tool_choice: bool = False
-    tool_call_parser: str | None = None
-    tool_parser_plugin: str | None = None
-    reasoning_parser: str | None = None
-
-    @property
-    def active(self) -> bool:
-        return self.tool_call_parser is not None or self.reasoning_parser is not None
 
 
 def tool_parser_names() -> list[str]:
@@ -63,12 +55,30 @@ def reasoning_parser_names() -> list[str]:
     return sorted(ReasoningParserManager.list_registered())
 
 
-def load_parsers(options: ParserOptions, tokenizer: Any, model_name: str | None = None) -> Parsers | None:
-    """The parsers ``options`` name, checked against vLLM's registries and ``tokenizer``; None
-    when none is named. A plugin (``tool_parser_plugin``: a module or a file) is imported first,
-    so that the names it registers are valid: an operator's flag, never a request's."""
+def _import_plugin(plugin: str) -> None:
+    # vLLM's import_plugin logs a traceback and goes on when the plugin is missing; braid stops.
+    if not os.path.isfile(plugin):
+        try:
+            found = importlib.util.find_spec(plugin) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise ParserConfigError(f"--tool-parser-plugin {plugin!r}: no such file or module")
+    try:
+        module = import_plugin(plugin)
+    except Exception as exc:  # noqa: BLE001 - the plugin's own code, whatever it raised
+        raise ParserConfigError(f"--tool-parser-plugin {plugin!r} failed: {' '.join(str(exc).split())}") from None
+    if module is None:
+        raise ParserConfigError(f"--tool-parser-plugin {plugin!r} could not be loaded (see the log)")
+
+
+def check_parser_names(options: ParserOptions) -> None:
+    """Refuse flags that name no parser of vLLM's (or go together wrongly), before the engine
+    starts: :class:`ParserConfigError`, one line listing the valid names. A plugin
+    (``tool_parser_plugin``: a module or a file) is imported first, so that the names it
+    registers are valid: an operator's flag, never a request's."""
     if options.tool_parser_plugin:
-        ToolParserManager.import_tool_parser(options.tool_parser_plugin)
+        _import_plugin(options.tool_parser_plugin)
     if options.tool_call_parser is not None:
         if not options.enable_auto_tool_choice:
             raise ParserConfigError("--tool-call-parser needs --enable-auto-tool-choice (as vLLM's server)")
@@ -85,6 +95,12 @@ def load_parsers(options: ParserOptions, tokenizer: Any, model_name: str | None 
             raise ParserConfigError(
                 f"--reasoning-parser {options.reasoning_parser!r} is not one of vLLM's: {', '.join(names)}"
             )
+
+
+def load_parsers(options: ParserOptions, tokenizer: Any, model_name: str | None = None) -> Parsers | None:
+    """The parsers ``options`` name (:func:`check_parser_names`), checked against ``tokenizer``
+    (a parser that needs tokens the model lacks is refused); None when none is named."""
+    check_parser_names(options)
     if not options.active:
         return None
     try:
@@ -140,11 +156,53 @@ class Parsers:
 
 
 @attrs.frozen
+class Adjustment:
+    """What a request's parser asks of its engine request (:meth:`RequestParsers.constraint`)."""
+
+    structured: Structured | None
+    skip_special_tokens: bool
+
+
+def _structured(so: Any) -> Structured:
+    """vLLM's ``StructuredOutputsParams`` as braid's :class:`Structured` (the kinds its parsers
+    make: a JSON schema, a structural tag, and the rest for a parser that makes them)."""
+    source = "tool_choice"
+    if so.json is not None:
+        text = so.json if isinstance(so.json, str) else json.dumps(so.json)
+        return Structured(json=text, source=source)
+    if so.structural_tag is not None:
+        return Structured(structural_tag=so.structural_tag, source=source)
+    if so.regex is not None:
+        return Structured(regex=so.regex, source=source)
+    if so.grammar is not None:
+        return Structured(grammar=so.grammar, source=source)
+    if so.choice is not None:
+        return Structured(choice=tuple(so.choice), source=source)
+    if so.json_object:
+        return Structured(json_object=True, source=source)
+    raise ParserConfigError(f"the tool parser asked for a constraint braid cannot pass on: {so!r}")
+
+
+@attrs.frozen
 class RequestParsers:
     parsers: Parsers
     request: Any
     """vLLM's ``ChatCompletionRequest`` for the parsers (its messages are not the request's)."""
     chat_template_kwargs: dict[str, Any]
+
+    def constraint(self) -> Adjustment:
+        """What vLLM's parser asks of the engine for this request (its ``adjust_request``):
+        under ``"required"`` or a named function, and for some formats under ``"auto"``
+        without parallel calls, a structured-output constraint that makes the model write a
+        call (a structural tag, or a JSON schema); and whether special tokens must be kept
+        in the text (a format whose markers are special tokens)."""
+        p = self.parsers
+        parser = p.cls(
+            p.tokenizer, self.request.tools, chat_template_kwargs=self.chat_template_kwargs, model_config=None
+        )
+        adjusted = parser.adjust_request(self.request.model_copy(deep=True))
+        so = adjusted.structured_outputs
+        return Adjustment(None if so is None else _structured(so), bool(adjusted.skip_special_tokens))
 
     def choice(self, prompt_token_ids: Sequence[int]) -> VllmChoiceParser:
         p = self.parsers
@@ -195,6 +253,13 @@ class VllmChoiceParser:
             out.append(ToolCallDelta(call.index, call_id, name, (fn.arguments or "") if fn is not None else ""))
         return out
 
+    def reasoning_tokens(self, token_ids: Sequence[int]) -> int:
+        try:
+            return int(self.parser.count_reasoning_tokens(list(token_ids)))
+        except Exception:  # a count is not worth a failed response
+            log.exception("the reasoning parser failed to count reasoning tokens")
+            return 0
+
     def parse(self, text: str, token_ids: Sequence[int]) -> ParsedOutput:
         try:
             self.parser.set_prompt_token_ids(self.prompt_token_ids)
@@ -215,8 +280,10 @@ class VllmChoiceParser:
 
 
 __all__ = [
+    "Adjustment",
     "ParserConfigError",
     "ParserOptions",
+    "check_parser_names",
     "Parsers",
     "RequestParsers",
     "VllmChoiceParser",
