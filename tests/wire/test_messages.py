@@ -156,7 +156,6 @@ def test_the_batch_route_takes_a_list_of_conversations() -> None:
         ({"messages": []}, True, "body.messages"),
         ({"messages": [USER, []]}, True, "body.messages.1"),
         ({"messages": [USER], "seed": 2**63}, False, "body.seed"),
-        ({"messages": [USER], "tool_choice": "auto"}, True, "body.tool_choice"),
     ],
 )
 def test_schema_errors_name_pydantics_location(body: dict, batch: bool, param: str) -> None:

@@ -12,19 +12,21 @@ belongs to the engine's tokenizer.
 vLLM's chat differences kept here: ``max_completion_tokens`` wins over ``max_tokens``, and with
 neither the reply may fill the context's room (not 16 tokens); ``add_special_tokens`` is false by
 default; ``logprobs`` is a boolean and ``top_logprobs`` the count; ``echo`` repeats the last
-message's text, not prompt tokens. Tools are refused unless ``tool_choice`` is ``"none"`` (braid
-does not parse tool calls), and a request's own ``chat_template`` needs the server's
-``--trust-request-chat-template``.
+message's text, not prompt tokens. ``tool_choice`` is checked as vLLM checks it (its pydantic
+validator, then its server's rules, which need the server's flags: :class:`ToolChoice`), and a
+request's own ``chat_template`` needs the server's ``--trust-request-chat-template``. Unlike
+vLLM's batch route, braid's takes tools.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import msgspec
 
 from braid.errors import InvalidRequest, SchemaError
+from braid.settings import ParserOptions
 from braid.wire.completions_request import CompletionBody
 from braid.wire.fields import INT64_MAX, INT64_MIN, Limits, SamplingBody, check_fields, decode_body, structured_of
 from braid.wire.messages import Message, TemplateOptions, parse_messages, parse_tools
@@ -49,12 +51,35 @@ class ChatBody(SamplingBody, frozen=True):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
+    include_reasoning: bool = True
 
 
 _DECODER = msgspec.json.Decoder(ChatBody)
 
 # Carried over to the completions body by name (max_tokens: chat's rule, below).
 _SHARED = tuple(name for name in SamplingBody.__struct_fields__ if name != "max_tokens")
+
+
+ToolMode = Literal["none", "auto", "required", "named"]
+
+
+@attrs.frozen
+class ToolChoice:
+    """What a request's ``tool_choice`` asks, with vLLM's default: ``"auto"`` when there are
+    tools and no ``tool_choice``, ``"none"`` without tools."""
+
+    mode: ToolMode = "none"
+    name: str | None = None
+    """The function of a named choice."""
+    raw: object = None
+    """As the body has it (for vLLM's parsers, which read their own request model)."""
+    parallel: bool = True
+    """``parallel_tool_calls``: false keeps a choice's first call only."""
+
+    @property
+    def parses(self) -> bool:
+        """The output is parsed for calls (every mode but ``"none"``)."""
+        return self.mode != "none"
 
 
 @attrs.frozen
@@ -73,6 +98,13 @@ class ChatRequest:
     """Alternatives listed per token (-1: all the engine returned)."""
     echo: bool
     batch: bool
+    tools: tuple[dict[str, Any], ...] | None = None
+    """The request's tools as vLLM dumps them (:func:`~braid.wire.messages.parse_tools`)."""
+    tool_choice: ToolChoice = ToolChoice()
+    include_reasoning: bool = True
+    """False: the reasoning is parsed out and dropped (vLLM's field)."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """As the body has it (the parsers see it too: some read ``enable_thinking``)."""
 
     @property
     def model(self) -> str | None:
@@ -83,33 +115,83 @@ def _bad(message: str, param: str | None = None) -> InvalidRequest:
     return InvalidRequest(message, param=param)
 
 
-def _check_chat(b: ChatBody, *, trust_template: bool, batch: bool) -> None:
+def _check_chat(b: ChatBody, *, trust_template: bool) -> None:
     # vLLM's validators, with its params (None where vLLM names none); what its pydantic schema
     # refuses is a SchemaError at pydantic's location.
     if b.seed is not None and not INT64_MIN <= b.seed <= INT64_MAX:
         raise SchemaError(f"seed must be a 64-bit integer, got {b.seed}.", param="body.seed")
-    if batch and b.tool_choice is not None and b.tool_choice != "none":
-        raise SchemaError('The batch route takes no tools: `tool_choice` must be "none".', param="body.tool_choice")
     top = b.top_logprobs
     if top is not None:
         if top < 0 and top != -1:
             raise _bad("`top_logprobs` must be a positive value or -1.", "top_logprobs")
         if (top == -1 or top > 0) and not b.logprobs:
             raise _bad("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
-    if b.tools is not None and not b.tools:
-        raise _bad("`tools` cannot be an empty list; leave it out instead.", "tools")
-    if b.tool_choice is not None and b.tool_choice != "none":
-        if b.tools is None:
-            raise _bad("When using `tool_choice`, `tools` must be set.", "tool_choice")
-        raise _bad('braid does not parse tool calls: `tool_choice` must be "none".')
-    if b.tools is not None and b.tool_choice is None:
-        raise _bad('braid does not parse tool calls: with `tools`, `tool_choice` must be "none".')
     in_kwargs = (b.chat_template_kwargs or {}).get("chat_template") is not None
     if (b.chat_template is not None or in_kwargs) and not trust_template:
         raise _bad(
             "Chat template is passed with request, but --trust-request-chat-template is not set. "
             "Refused request with untrusted chat template."
         )
+
+
+_NO_PARSERS = ParserOptions()
+_USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
+
+
+def tool_choice_of(b: ChatBody, parsers: ParserOptions, *, structured: bool) -> ToolChoice:
+    """``tool_choice`` checked as vLLM checks it: its pydantic validator's rules and messages
+    first (``tools`` not empty, ``tool_choice`` needs ``tools``, a named function must be one
+    of them, not together with a structured-output constraint), then its server's, which
+    depend on the server's flags (``"auto"`` needs ``--enable-auto-tool-choice``; ``"required"``
+    and a named function need a tool parser)."""
+    if b.tools is not None and not b.tools:
+        raise _bad(
+            "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.", "tools"
+        )
+    raw = b.tool_choice
+    parallel = b.parallel_tool_calls is not False
+    if raw is None and not b.tools:
+        return ToolChoice("none", parallel=parallel)
+    if raw == "none":
+        return ToolChoice("none", raw=raw, parallel=parallel)
+    if raw is not None and b.tools is None:
+        raise _bad("When using `tool_choice`, `tools` must be set.", "tool_choice")
+    name = None
+    mode: ToolMode
+    if raw is None:
+        mode = "auto"
+    elif isinstance(raw, dict):
+        function = raw.get("function")
+        if not isinstance(function, dict):
+            raise _bad(f"Invalid value for `function`: `{function}` in `tool_choice`! {_USAGE}", "tool_choice.function")
+        if "name" not in function:
+            raise _bad(f"Expected field `name` in `function` in `tool_choice`! {_USAGE}", "tool_choice.function.name")
+        name = function["name"]
+        if not isinstance(name, str) or not name:
+            raise _bad(
+                f"Invalid `name` in `function`: `{name}` in `tool_choice`! {_USAGE}", "tool_choice.function.name"
+            )
+        if not any(
+            isinstance(t, dict) and isinstance(t.get("function"), dict) and t["function"].get("name") == name
+            for t in b.tools or ()
+        ):
+            raise _bad("The tool specified in `tool_choice` does not match any of the specified `tools`", "tool_choice")
+        if structured:
+            raise _bad("You can only either use constraints for structured outputs or tools, not both.")
+        mode = "named"
+    elif raw in ("auto", "required"):
+        mode = raw
+    else:
+        raise _bad(
+            f'Invalid value for `tool_choice`: {raw}! Only named tools, "none", "auto" or "required" are supported.',
+            "tool_choice",
+        )
+    if parsers.tool_call_parser is None or not parsers.enable_auto_tool_choice:
+        if mode == "auto":
+            raise _bad('"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set')
+        what = f'function "{name}"' if mode == "named" else f'"{mode}"'
+        raise _bad(f"tool_choice={what} requires --tool-call-parser to be set")
+    return ToolChoice(mode, name, raw, parallel)
 
 
 def _conversations(messages: object, batch: bool) -> tuple[tuple[Message, ...], ...]:
@@ -137,29 +219,28 @@ def _pydantic_location(param: str | None) -> str | None:
 
 
 def parse_chat(
-    body: bytes, limits: Limits, *, max_model_len: int, batch: bool, trust_template: bool = False
+    body: bytes,
+    limits: Limits,
+    *,
+    max_model_len: int,
+    batch: bool,
+    trust_template: bool = False,
+    parsers: ParserOptions = _NO_PARSERS,
 ) -> ChatRequest:
     """Decode and validate a chat body, or raise :class:`~braid.errors.InvalidRequest` (a 400).
 
     ``batch``: the body is for the batch route (``messages`` is a list of conversations).
+    ``parsers``: the server's tool and reasoning flags, which decide what ``tool_choice`` may be.
     """
     b: ChatBody = decode_body(body, _DECODER)
-    _check_chat(b, trust_template=trust_template, batch=batch)
-    if batch:
-        # vLLM's batch route checks the tools (a 400 without a param) but never renders them.
-        try:
-            parse_tools(b.tools)
-        except SchemaError as exc:
-            raise InvalidRequest(exc.message) from None
-        tools = None
-    else:
-        tools = parse_tools(b.tools)
+    _check_chat(b, trust_template=trust_template)
+    tools = parse_tools(b.tools)
     template = TemplateOptions(
         add_generation_prompt=b.add_generation_prompt,
         continue_final_message=b.continue_final_message,
         chat_template=b.chat_template,
         kwargs={**(b.chat_template_kwargs or {}), **({"documents": b.documents} if b.documents else {})},
-        tools=tools,
+        tools=None,  # below, once tool_choice is known
     )
     max_tokens = b.max_completion_tokens if b.max_completion_tokens is not None else b.max_tokens
     top = b.top_logprobs or 0  # -1: every token of the vocabulary, as for completions
@@ -177,6 +258,9 @@ def parse_chat(
         # validators see only the fields the client sent.
         carried = msgspec.structs.replace(carried, prompt_logprobs=top)
     structured = structured_of(carried)
+    tool_choice = tool_choice_of(b, parsers, structured=structured is not None)
+    if tools is not None and not (tool_choice.mode == "none" and parsers.exclude_tools_when_tool_choice_none):
+        template = attrs.evolve(template, tools=tools)
     conversations = _conversations(b.messages, batch)
     if len(conversations) > limits.max_prompts:
         raise _bad(
@@ -192,7 +276,11 @@ def parse_chat(
         top_logprobs=top,
         echo=b.echo,
         batch=batch,
+        tools=tools,
+        tool_choice=tool_choice,
+        include_reasoning=b.include_reasoning,
+        chat_template_kwargs=b.chat_template_kwargs,
     )
 
 
-__all__ = ["ChatBody", "ChatRequest", "parse_chat"]
+__all__ = ["ChatBody", "ChatRequest", "ToolChoice", "ToolMode", "parse_chat", "tool_choice_of"]
