@@ -291,6 +291,34 @@ def test_an_engine_that_fails_to_start_is_one_line(
     assert err == "braid: could not start: RuntimeError: the engine core died while loading\n"
 
 
+@pytest.mark.vllm  # the parser registries are vLLM's
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--enable-auto-tool-choice", "--tool-call-parser", "hermez"], "--tool-call-parser 'hermez' is not one of"),
+        (["--reasoning-parser", "qwen4"], "--reasoning-parser 'qwen4' is not one of"),
+        (["--tool-call-parser", "hermes"], "--tool-call-parser needs --enable-auto-tool-choice"),
+        (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser"),
+        (
+            ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--tool-parser-plugin", "/no/such.py"],
+            "--tool-parser-plugin '/no/such.py': no such file or module",
+        ),
+    ],
+)
+def test_a_wrong_parser_flag_is_one_line_before_any_engine(
+    flags: list[str], expected: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import braid.cli.main
+
+    monkeypatch.setattr(braid.cli.main, "open_engine", _no_engine)
+    assert braid.cli.main.main(["serve", "--engine", "scripted", "--port", "0", *flags]) == 1
+    # vLLM's import logs its own lines first; braid's is one line
+    (line,) = (ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("braid:"))
+    assert line.startswith("braid: " + expected)
+    if "not one of" in expected:
+        assert "hermes" in line or "qwen3" in line  # the valid names are listed
+
+
 def _no_engine(args: object) -> None:
     raise AssertionError("an engine was started")
 

@@ -15,9 +15,9 @@ from braid.cli.environ import env_name
 from braid.cli.fields import add_field_option, field_default
 from braid.cli.parser import build_parser
 from braid.http.server import ServerConfig
-from braid.settings import Settings
+from braid.settings import ParserOptions, Settings
 
-OWNERS: tuple[type[Any], ...] = (Settings, ServerConfig, EngineOptions)
+OWNERS: tuple[type[Any], ...] = (Settings, ServerConfig, EngineOptions, ParserOptions)
 
 EXPOSED = {
     Settings: {
@@ -49,6 +49,7 @@ EXPOSED = {
         "accept_batch",
     },
     EngineOptions: {field.name for field in attrs.fields(EngineOptions)},
+    ParserOptions: {field.name for field in attrs.fields(ParserOptions)},
 }
 """The fields with an option of their own, stored under the field's name. Settings.api_keys is
 made from three sources (braid.cli.config.api_keys), ServerConfig.fast_send from --stock-send."""
@@ -103,6 +104,11 @@ GIVEN: list[tuple[list[str], type[Any], str, Any]] = [
     (["--engine-client", "asyncio"], EngineOptions, "engine_client", "asyncio"),
     (["--fault-hooks"], EngineOptions, "fault_hooks", True),
     (["--switch-interval", "0.002"], EngineOptions, "switch_interval", 0.002),
+    (["--enable-auto-tool-choice"], ParserOptions, "enable_auto_tool_choice", True),
+    (["--tool-call-parser", "hermes"], ParserOptions, "tool_call_parser", "hermes"),
+    (["--tool-parser-plugin", "/p.py"], ParserOptions, "tool_parser_plugin", "/p.py"),
+    (["--reasoning-parser", "qwen3"], ParserOptions, "reasoning_parser", "qwen3"),
+    (["--exclude-tools-when-tool-choice-none"], ParserOptions, "exclude_tools_when_tool_choice_none", True),
 ]
 
 
@@ -142,6 +148,7 @@ def test_every_option_reaches_its_field() -> None:
         ServerConfig: server_config_from(args),
         EngineOptions: engine_options_from(args),
     }
+    built[ParserOptions] = built[Settings].parsers
     for given, owner, name, value in GIVEN:
         assert getattr(built[owner], name) == value, given
     covered = {(owner, name) for _, owner, name, _ in GIVEN}

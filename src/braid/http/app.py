@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import msgspec
 from quart import Response, request
@@ -32,6 +33,9 @@ from braid.settings import Settings
 from braid.wire import openapi
 from braid.wire import shapes as responses
 from braid.wire.output import error_body
+
+if TYPE_CHECKING:
+    from braid.engine.vllm_parsers import Parsers
 
 log = logging.getLogger("braid")
 
@@ -97,6 +101,16 @@ def _serve(app: BraidApp, state: AppState, route: Route) -> None:
     app.add_url_rule(route.path, route.path, handler, methods=["POST"])
 
 
+def _parsers(engine: Engine, settings: Settings) -> Parsers | None:
+    """The parsers the server's flags name, loaded with the model's tokenizer (vLLM imported only
+    then); ParserConfigError, one line, for a parser the model's tokenizer cannot serve."""
+    if not settings.parsers.active:
+        return None
+    from braid.engine.vllm_parsers import load_parsers
+
+    return load_parsers(settings.parsers, engine.tokenizer.parser_tokenizer(), engine.info.name)
+
+
 def create_app(engine: Engine, settings: Settings | None = None, metrics: Metrics | None = None) -> BraidApp:
     settings = settings or Settings()
     info = engine.info
@@ -106,7 +120,7 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
     # (outermost) answers preflights without a key and labels the 401s too.
     auth.install(app, settings)
     cors.install(app, settings)
-    state = AppState(engine, settings, metrics or Metrics())
+    state = AppState(engine, settings, metrics or Metrics(), parsers=_parsers(engine, settings))
     # Outside those: a 401, a preflight and a 404 are answers too.
     counting.install(app, state.metrics.http_responses, ROUTES)
     access_log.install(app, settings.access_log)

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
+import msgspec
 import trio
 
 from braid.engine.base import Tokenizer
+from braid.engine.constraint import Structured
 from braid.errors import BraidError
 from braid.routes.common import (
     AppState,
@@ -30,15 +33,19 @@ from braid.routes.common import (
     stream,
 )
 from braid.stream.merge import ResponseCollector, StreamMerger
+from braid.stream.parse import ChoiceParsing, ParsingOptions
 from braid.stream.plan import Plan
 from braid.stream.render import ChoiceRenderer
 from braid.stream.tokenize import render_conversations
 from braid.wire import shapes
 from braid.wire.chat_request import ChatBody, ChatRequest, parse_chat
 from braid.wire.chat_response import ChatEvents, ChatPrompts, ChatShape
-from braid.wire.completions_request import TextPrompt, build_request
+from braid.wire.completions_request import CompletionBody, TextPrompt, build_request
 from braid.wire.messages import echo_text, response_role
 from braid.wire.openapi import GENERATION_ERRORS, REQUEST_ID, Operation, generation_ok, json_body, ref
+
+if TYPE_CHECKING:
+    from braid.engine.vllm_parsers import RequestParsers  # imports vLLM: loaded only with parser flags
 
 
 async def chat_completions(
@@ -61,26 +68,34 @@ async def chat_completions(
                 max_model_len=state.engine.info.max_model_len,
                 batch=batch,
                 trust_template=state.settings.trust_request_chat_template,
+                parsers=state.settings.parsers,
             )
             with trio.move_on_at(deadline):
                 texts = await render_conversations(chat, state.engine.tokenizer, state.tokenize_limiter)
             check_deadline(deadline, state.settings.request_timeout)
+            parsers = request_parsers(state, chat)
+            body, structured = chat.body, chat.structured
+            if parsers is not None:
+                body, structured = constrain(parsers, chat)
             req = build_request(
-                chat.body,
+                body,
                 tuple(TextPrompt(t) for t in texts),
                 state.limits,
-                chat.structured,
+                structured,
                 max_tokens_param="max_completion_tokens",
             )
             plan = await plan_request(state, req, request_id, deadline, "chatcmpl")
             shape = chat_shape(chat)
+            parsing = None
+            if parsers is not None:
+                parsing = choice_parsing(state, chat, plan, parsers)
         except BaseException:
             ticket.close()
             raise
-        run = open_run(state, plan, ticket, arrived, deadline)
+        run = open_run(state, plan, ticket, arrived, deadline, None if parsing is None else parsing.observer)
         if plan.stream:
-            return stream(run, merger(plan, state.engine.tokenizer, shape))
-        return await collect(run, request_id, collector(plan, state.engine.tokenizer, shape))
+            return stream(run, merger(plan, state.engine.tokenizer, shape, parsing))
+        return await collect(run, request_id, collector(plan, state.engine.tokenizer, shape, parsing))
     except BraidError as err:
         return error_response(err)
 
@@ -95,8 +110,58 @@ def chat_shape(chat: ChatRequest) -> ChatShape:
     )
 
 
-def _parts(plan: Plan, tokenizer: Tokenizer, shape: ChatShape) -> tuple[ChoiceRenderer, ChatEvents]:
-    renderer = ChoiceRenderer(plan, tokenizer, chat_top=0 if shape.top_logprobs is None else shape.top_logprobs)
+def request_parsers(state: AppState, chat: ChatRequest) -> RequestParsers | None:
+    """The request's parsers: when it may call tools (``tool_choice`` other than ``"none"``) or
+    the server has a reasoning parser; None otherwise, and then nothing of the parsers runs."""
+    parsers = state.parsers
+    if parsers is None or not (chat.tool_choice.parses or state.settings.parsers.reasoning_parser):
+        return None
+    return parsers.for_request(
+        tools=chat.tools,
+        tool_choice=chat.tool_choice.raw,
+        parallel_tool_calls=chat.tool_choice.parallel,
+        chat_template_kwargs=chat.chat_template_kwargs,
+        include_reasoning=chat.include_reasoning,
+    )
+
+
+def constrain(parsers: RequestParsers, chat: ChatRequest) -> tuple[CompletionBody, Structured | None]:
+    """The sampling body and constraint as the request's parser adjusts them (vLLM's
+    ``adjust_request``): a forced call (``"required"``, a named function) becomes the parser's
+    constraint, which replaces the request's own (a named function and a constraint were
+    refused together already); under ``"auto"`` the request's own constraint, if any, stays.
+    A format whose markers are special tokens keeps them in the text."""
+    adjustment = parsers.constraint()
+    structured = chat.structured
+    if adjustment.structured is not None and (structured is None or chat.tool_choice.mode != "auto"):
+        structured = adjustment.structured
+    body = chat.body
+    if not adjustment.skip_special_tokens and body.skip_special_tokens:
+        body = msgspec.structs.replace(body, skip_special_tokens=False)
+    return body, structured
+
+
+def choice_parsing(state: AppState, chat: ChatRequest, plan: Plan, parsers: RequestParsers) -> ChoiceParsing:
+    options = ParsingOptions(
+        chat.tool_choice,
+        include_reasoning=chat.include_reasoning,
+        count_reasoning=state.settings.parsers.reasoning_parser is not None,
+    )
+    return ChoiceParsing.create(
+        options,
+        [item.request.prompt_token_ids for item in plan.items],
+        plan.n,
+        plan.stream,
+        parsers.choice,
+    )
+
+
+def _parts(
+    plan: Plan, tokenizer: Tokenizer, shape: ChatShape, parsing: ChoiceParsing | None
+) -> tuple[ChoiceRenderer, ChatEvents]:
+    renderer = ChoiceRenderer(
+        plan, tokenizer, chat_top=0 if shape.top_logprobs is None else shape.top_logprobs, parsing=parsing
+    )
     prompts = ChatPrompts(
         token_ids=tuple(item.request.prompt_token_ids for item in plan.items),
         n=plan.n,
@@ -106,14 +171,16 @@ def _parts(plan: Plan, tokenizer: Tokenizer, shape: ChatShape) -> tuple[ChoiceRe
     return renderer, ChatEvents(plan.meta, shape, prompts)
 
 
-def merger(plan: Plan, tokenizer: Tokenizer, shape: ChatShape) -> StreamMerger:
+def merger(plan: Plan, tokenizer: Tokenizer, shape: ChatShape, parsing: ChoiceParsing | None = None) -> StreamMerger:
     """The stream of a chat plan: role (and echo) chunks first, then ``chat.completion.chunk`` s."""
-    return StreamMerger(plan, *_parts(plan, tokenizer, shape))
+    return StreamMerger(plan, *_parts(plan, tokenizer, shape, parsing))
 
 
-def collector(plan: Plan, tokenizer: Tokenizer, shape: ChatShape) -> ResponseCollector:
+def collector(
+    plan: Plan, tokenizer: Tokenizer, shape: ChatShape, parsing: ChoiceParsing | None = None
+) -> ResponseCollector:
     """The whole ``chat.completion`` body of a chat plan."""
-    return ResponseCollector(plan, *_parts(plan, tokenizer, shape))
+    return ResponseCollector(plan, *_parts(plan, tokenizer, shape, parsing))
 
 
 def _operation(path: str, summary: str, example: object) -> Operation:

@@ -21,12 +21,12 @@ import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import attrs
 import trio
 
-from braid.engine.base import Engine, check_structured
+from braid.engine.base import Engine, Observe, check_structured
 from braid.errors import (
     BraidError,
     DeadlineExceeded,
@@ -47,6 +47,9 @@ from braid.wire.completions_request import CompletionRequest
 from braid.wire.fields import Limits
 from braid.wire.openapi import Operation
 from braid.wire.output import error_body
+
+if TYPE_CHECKING:
+    from braid.engine.vllm_parsers import Parsers  # imports vLLM: only a server with parser flags loads it
 
 DRAINING_RETRY_AFTER = 5
 """Seconds a client of a draining server is told to wait: behind a proxy its retry reaches a
@@ -76,6 +79,9 @@ class AppState:
     admission: Admission = attrs.field(
         default=attrs.Factory(lambda self: admission_for(self.settings, self.engine.info), takes_self=True)
     )
+    parsers: Parsers | None = None
+    """The server's tool-call and reasoning parsers (``--tool-call-parser``, ``--reasoning-parser``);
+    None when no flag names one, and then no request pays for them."""
     draining: bool = False
     runs: set[CompletionRun] = attrs.Factory(set)
     """The runs open now (each adds itself on entry and leaves on exit; see :meth:`end_runs`)."""
@@ -208,7 +214,16 @@ async def plan_request(
     )
 
 
-def open_run(state: AppState, plan: Plan, ticket: Ticket, arrived: float, deadline: float) -> CompletionRun:
+def open_run(
+    state: AppState,
+    plan: Plan,
+    ticket: Ticket,
+    arrived: float,
+    deadline: float,
+    observe: Callable[[int], Observe | None] | None = None,
+) -> CompletionRun:
+    """The run of a plan. ``observe(prompt_idx)``: the engine's ``observe`` hook for a prompt's
+    request (a parsed chat stream's: :meth:`braid.stream.parse.ChoiceParsing.observer`)."""
     state.metrics.prompts.observe(len(plan.items))
     return CompletionRun(
         state.engine,
@@ -220,6 +235,7 @@ def open_run(state: AppState, plan: Plan, ticket: Ticket, arrived: float, deadli
         arrived=arrived,
         draining=lambda: state.draining,
         live=state.runs,
+        observe=observe,
     )
 
 

@@ -41,7 +41,7 @@ class Phase(enum.Enum):
 
 def usage_of(plan: Plan, renderer: ChoiceRenderer) -> Usage:
     """The request's usage, summed over its prompts (cached tokens too: vLLM reports one prompt's)."""
-    return Usage(plan.prompt_tokens, renderer.completion_tokens, renderer.cached_tokens)
+    return Usage(plan.prompt_tokens, renderer.completion_tokens, renderer.cached_tokens, renderer.reasoning_tokens)
 
 
 @attrs.define

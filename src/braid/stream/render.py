@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import attrs
 
 from braid.engine.base import EngineOutput, Tokenizer, TopLogprobs
+from braid.engine.tool_calls import ParsedDelta, ParsedOutput
+from braid.stream.parse import ChoiceParsing
 from braid.stream.plan import Plan
 from braid.wire.output import ChatLogprobs, ChoiceChunk, LogprobsFragment
 
@@ -141,6 +143,8 @@ class ChoiceRenderer:
     tokenizer: Tokenizer
     chat_top: int | None = None
     """Chat: logprobs in chat's shape, this many alternatives per token (None: completions')."""
+    parsing: ChoiceParsing | None = None
+    """Chat with tools or reasoning: the choices' parsers (:mod:`braid.stream.parse`)."""
     _choices: list[_ChoiceState] = attrs.field(init=False)
     _prompt_steps: list[tuple[TopLogprobs | None, ...] | None] = attrs.field(init=False)
     _cached: dict[int, int] = attrs.field(init=False, factory=dict)  # by prompt: its first report
@@ -163,6 +167,11 @@ class ChoiceRenderer:
         puts on the prompt's single final output (its last choice's), so the two can differ.
         """
         return sum(self._cached.values()) if self._cached else None
+
+    @property
+    def reasoning_tokens(self) -> int | None:
+        """Reasoning tokens over every choice, when the server counts them (a reasoning parser)."""
+        return None if self.parsing is None else self.parsing.reasoning_tokens
 
     @property
     def completion_tokens(self) -> int:
@@ -198,11 +207,26 @@ class ChoiceRenderer:
                 steps = (*prompt_steps, *((None,) * (len(prompt_ids) - len(prompt_steps))), *steps)
                 ids = (*prompt_ids, *ids)
             state.tokens += len(delta.token_ids)
-            if delta.finish_reason is not None:
+            finish_reason = delta.finish_reason
+            if finish_reason is not None:
                 state.finished = True
                 self._unfinished -= 1
             elif not text and not delta.token_ids and not (first and plan.echo):
                 continue  # nothing to show yet (vLLM skips such deltas too)
+            parsed: ParsedDelta | None = None
+            whole: ParsedOutput | None = None
+            parsing = self.parsing
+            if parsing is not None:
+                if parsing.stream:
+                    parsed = parsing.take(index, finished=finish_reason is not None)
+                    if parsed.empty and finish_reason is None and plan.logprobs is None and not plan.return_token_ids:
+                        continue  # the parser holds it back (a marker, a partial call): vLLM sends nothing
+                else:
+                    parsing.gather(index, delta.text, delta.token_ids)
+                    if finish_reason is not None:
+                        whole = parsing.whole(index)
+                if finish_reason is not None:
+                    finish_reason = parsing.finish_reason(index, finish_reason)
             state.started = True
             logprobs: LogprobsFragment | ChatLogprobs | None = None
             if plan.logprobs is not None and self.chat_top is not None:
@@ -230,7 +254,7 @@ class ChoiceRenderer:
                     prompt_idx=prompt_idx,
                     text=text,
                     logprobs=logprobs,
-                    finish_reason=delta.finish_reason,
+                    finish_reason=finish_reason,
                     stop_reason=delta.stop_reason,
                     token_ids=delta.token_ids if plan.return_token_ids else None,
                     # vLLM's streams carry the prompt ids on an echoing first chunk even
@@ -240,6 +264,8 @@ class ChoiceRenderer:
                     else None,
                     prompt_logprobs=prompt_lps,
                     completion_tokens=state.tokens,
+                    parsed=parsed,
+                    whole=whole,
                 )
             )
         return chunks

@@ -67,7 +67,7 @@ from contextlib import AbstractAsyncContextManager, contextmanager
 import attrs
 import trio
 
-from braid.engine.base import Engine, EngineOutput
+from braid.engine.base import Engine, EngineOutput, Observe
 from braid.errors import BraidError, DeadlineExceeded, DrainTimeout, StreamStalled
 from braid.metrics import AbortCause, Metrics, TokenTimer
 from braid.settings import Settings
@@ -98,6 +98,8 @@ class CompletionRun:
     arrived: float | None = None
     """When the HTTP request arrived (Trio's clock), where the latency histograms start; None:
     when the run is entered."""
+    observe: Callable[[int], Observe | None] | None = None
+    """The engine's ``observe`` hook for each prompt's request, by prompt index (None: none)."""
     draining: Callable[[], bool] = lambda: False
     """Whether the server is draining: asked when the run is cancelled from outside, to count its
     aborts as ``drain`` rather than ``disconnect`` (the HTTP layer's state, passed in)."""
@@ -304,7 +306,8 @@ class CompletionRun:
             self._reached += 1
             self._open_ids.add(request_id)
             try:
-                async with self.engine.open_request(item.request, on_failure, deliver) as outputs:
+                observe = None if self.observe is None else self.observe(prompt_idx)
+                async with self.engine.open_request(item.request, on_failure, deliver, observe=observe) as outputs:
                     try:
                         async for output in outputs:
                             seen(output)

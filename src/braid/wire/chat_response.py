@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import attrs
 
+from braid.engine.tool_calls import ParsedDelta, ParsedOutput
 from braid.errors import BraidError
 from braid.wire.output import (
     ChatLogprobs,
@@ -60,6 +61,49 @@ def _content(fragments: Sequence[LogprobsFragment | ChatLogprobs]) -> list[dict[
         assert isinstance(f, tuple), "chat renders chat's logprobs"
         out.extend(f)
     return out
+
+
+def _delta(p: ParsedDelta) -> dict[str, object]:
+    """A parsed delta in vLLM's ``DeltaMessage`` field order, its empty parts left out. A call's
+    first piece (the one with its id or name) is whole-shaped; later pieces carry only the
+    next fragment of its arguments."""
+    delta: dict[str, object] = {}
+    if p.content:
+        delta["content"] = p.content
+    if p.reasoning:
+        delta["reasoning"] = p.reasoning
+    if p.tool_calls:
+        delta["tool_calls"] = [
+            {
+                "id": piece.id,
+                "type": "function",
+                "index": piece.index,
+                "function": {"name": piece.name, "arguments": piece.arguments},
+            }
+            if piece.id is not None or piece.name is not None
+            else {"index": piece.index, "function": {"arguments": piece.arguments}}
+            for piece in p.tool_calls
+        ]
+    return delta
+
+
+def _message(role: str, echo: str, text: str, whole: ParsedOutput | None) -> dict[str, object]:
+    """A body's ``message`` in vLLM's ``ChatMessage`` field order (``tool_calls`` only when there
+    are calls); ``echo`` goes before the content, as vLLM's."""
+    content: str | None = echo + text
+    reasoning = None
+    message: dict[str, object] = {"role": role}
+    if whole is not None:
+        content = whole.content if not echo else echo + (whole.content or "")
+        reasoning = whole.reasoning
+    message.update(content=content, refusal=None, annotations=None, audio=None, function_call=None)
+    if whole is not None and whole.tool_calls:
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in whole.tool_calls
+        ]
+    message["reasoning"] = reasoning
+    return message
 
 
 def _usage(usage: Usage) -> dict[str, object]:
@@ -115,7 +159,7 @@ class ChatEvents:
     def chunk(self, c: ChoiceChunk, usage: Usage | None) -> bytes:
         choice: dict[str, object] = {
             "index": c.index,
-            "delta": {"content": c.text},
+            "delta": {"content": c.text} if c.parsed is None else _delta(c.parsed),
             "logprobs": None if c.logprobs is None else {"content": c.logprobs},
             "finish_reason": c.finish_reason,
             "token_ids": c.token_ids,
@@ -145,15 +189,7 @@ class ChatEvents:
                 "choices": [
                     {
                         "index": index,
-                        "message": {
-                            "role": shape.roles[index // n],
-                            "content": shape.echo[index // n] + ch.text,
-                            "refusal": None,
-                            "annotations": None,
-                            "audio": None,
-                            "function_call": None,
-                            "reasoning": None,
-                        },
+                        "message": _message(shape.roles[index // n], shape.echo[index // n], ch.text, ch.whole),
                         "logprobs": None if shape.top_logprobs is None else {"content": _content(ch.logprobs)},
                         "finish_reason": ch.finish_reason or "stop",
                         "stop_reason": ch.stop_reason,

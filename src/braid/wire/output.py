@@ -17,6 +17,7 @@ from typing import Protocol
 import attrs
 import msgspec
 
+from braid.engine.tool_calls import ParsedDelta, ParsedOutput
 from braid.errors import BraidError
 
 DONE = b"data: [DONE]\n\n"
@@ -41,6 +42,8 @@ class Usage:
     completion_tokens: int
     cached_tokens: int | None = None
     """``prompt_tokens_details.cached_tokens``; None: not reported (the server's default)."""
+    reasoning_tokens: int | None = None
+    """``completion_tokens_details.reasoning_tokens``; None: not reported (no reasoning parser)."""
 
     @property
     def total_tokens(self) -> int:
@@ -58,6 +61,8 @@ class Usage:
         body = self.as_dict()
         if self.cached_tokens is not None:
             body["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        if self.reasoning_tokens is not None:
+            body["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
         return body
 
     def body(self) -> dict[str, object]:
@@ -65,7 +70,8 @@ class Usage:
         details = None
         if self.cached_tokens is not None:
             details = {"cached_tokens": self.cached_tokens, "created_cache_tokens": None, "multimodal_tokens": None}
-        return {**self.as_dict(), "prompt_tokens_details": details, "completion_tokens_details": None}
+        completion = None if self.reasoning_tokens is None else {"reasoning_tokens": self.reasoning_tokens}
+        return {**self.as_dict(), "prompt_tokens_details": details, "completion_tokens_details": completion}
 
 
 @attrs.frozen
@@ -98,6 +104,11 @@ class ChoiceChunk:
     prompt_logprobs: tuple[dict[str, dict[str, object]] | None, ...] | None
     completion_tokens: int
     """The choice's completion tokens so far (for continuous usage)."""
+    parsed: ParsedDelta | None = None
+    """A streamed choice's parsed delta (content, reasoning, call pieces: :mod:`braid.stream.parse`),
+    which the route writes in place of ``text``; None when the request is not parsed."""
+    whole: ParsedOutput | None = None
+    """On a whole response's last chunk of a parsed choice: its whole output parsed."""
 
 
 @attrs.define
@@ -109,6 +120,11 @@ class CollectedChoice:
     token_ids: list[int] = attrs.Factory(list)
     first: ChoiceChunk | None = None
     last: ChoiceChunk | None = None
+
+    @property
+    def whole(self) -> ParsedOutput | None:
+        """The choice's parsed output (a parsed request's), from its last chunk."""
+        return None if self.last is None else self.last.whole
 
     def add(self, c: ChoiceChunk) -> None:
         self.first = self.first or c
