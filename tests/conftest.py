@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from tests.helpers import LiveServer, VllmServer, start_server
-from tools.servers import run_braid
+from tools.servers import TOOL_FLAGS, run_braid
 
 
 @pytest.fixture
@@ -34,7 +34,7 @@ def vllm_server() -> Iterator[VllmServer]:
     """One braid on vLLM for the whole session. No --model: the default tiny model is built
     (once per machine, cached) and served, as ``make serve`` does."""
     log = Path(os.environ.get("BRAID_VLLM_LOG", "/tmp/braid-vllm-tier.log"))
-    with run_braid("--fault-hooks", seed=0, log=log) as server:
+    with run_braid("--fault-hooks", *TOOL_FLAGS, seed=0, log=log) as server:
         yield VllmServer(server)
         # a clean drain on SIGTERM is part of what the tier checks
         server.proc.send_signal(signal.SIGTERM)

@@ -29,6 +29,11 @@ from braid.engine.vllm_common import CPU_ENGINE_ARGS, CPU_ENVIRONMENT, OFFLINE_E
 
 SERVED_NAME = "braid-tiny"
 
+TOOL_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "pythonic")
+"""The tool-call flags of the vLLM tier's braid and of vLLM's parity server (the same on both, so
+every tier shares one server each): pythonic's format is plain text the tiny model's tokenizer
+has, and its ``required`` and named choices are JSON schemas, which the CPU engine runs."""
+
 CPU_ENV = {**OFFLINE_ENVIRONMENT, **CPU_ENVIRONMENT}
 # braid serve flags of its own for these engine arguments; any other goes through --engine-arg
 _BRAID_FLAGS = ("dtype", "max_model_len", "max_num_seqs")

@@ -52,6 +52,14 @@ TOOL = {
         "parameters": {"type": "object", "properties": {}},
     },
 }
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
 # A tool-calling history (issue 26 §2): the tiny template writes only each message's content, so
 # these cases compare what both servers take and refuse, the prompt tokens (the content of an
 # assistant message that only called a tool is ""), and the developer role's conversion.
@@ -319,12 +327,84 @@ def chat_cases() -> list[Case]:
         _chat(kv_transfer_params={"prompt_token_ids": [300, 301, 302, 303, 304]}),
         deviation="kv_transfer_params",
     )
-    chat("chat tools with tool_choice auto", "chat errors", _chat(tools=[TOOL], tool_choice="auto"))
-    chat("chat tools with tool_choice required", "chat errors", _chat(tools=[TOOL], tool_choice="required"))
+    # -- tool calls (issue 26): both servers run pythonic's parser (tools/servers.py TOOL_FLAGS);
+    # "required" and a named function force the call with a JSON schema, so the tiny model calls
+    tools = [TOOL, WEATHER]
+    for stream in (False, True):
+        s = " streamed" if stream else ""
+        st = {"stream": True, "stream_options": {"include_usage": True}} if stream else {}
+        chat(f"chat tools auto{s}", "chat tools", _chat(tools=tools, tool_choice="auto", **st))
+        chat(f"chat tools without tool_choice (auto){s}", "chat tools", _chat(tools=tools, **st))
+        chat(f"chat tools required{s}", "chat tools", _chat(tools=tools, tool_choice="required", max_tokens=60, **st))
+        chat(f"chat tools named{s}", "chat tools", _chat(tools=tools, tool_choice=NAMED, max_tokens=40, **st))
+        chat(
+            f"chat tools named cut by max_tokens{s}",
+            "chat tools",
+            _chat(tools=tools, tool_choice=NAMED, max_tokens=4, **st),
+        )
+        chat(
+            f"chat tools required n=2 sampled{s}",
+            "chat tools",
+            _chat(tools=tools, tool_choice="required", max_tokens=60, n=2, temperature=1.0, seed=11, **st),
+        )
+        chat(
+            f"chat tools required without parallel calls{s}",
+            "chat tools",
+            _chat(tools=tools, tool_choice="required", max_tokens=60, parallel_tool_calls=False, **st),
+        )
+        chat(
+            f"chat tools named after a tool history{s}",
+            "chat tools",
+            _chat(TOOL_HISTORY, tools=tools, tool_choice=NAMED, max_tokens=40, **st),
+        )
+        chat(
+            f"chat tools auto with a JSON response_format{s}",
+            "chat tools",
+            _chat(tools=tools, tool_choice="auto", response_format={"type": "json_object"}, max_tokens=20, **st),
+        )
     chat(
-        "chat tools with a named tool_choice",
-        "chat errors",
-        _chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_answer"}}),
+        "chat tools named with logprobs",
+        "chat tools",
+        _chat(tools=tools, tool_choice=NAMED, max_tokens=30, logprobs=True, top_logprobs=2),
+    )
+    chat(
+        "chat tools named return_token_ids",
+        "chat tools",
+        _chat(tools=tools, tool_choice=NAMED, max_tokens=30, return_token_ids=True),
+    )
+    chat(
+        "chat tools a named function not in tools",
+        "chat tools errors",
+        _chat(tools=tools, tool_choice={"type": "function", "function": {"name": "nope"}}),
+    )
+    chat("chat tools tool_choice not a mode", "chat tools errors", _chat(tools=tools, tool_choice="sometimes"))
+    chat(
+        "chat tools named without a name",
+        "chat tools errors",
+        _chat(tools=tools, tool_choice={"type": "function", "function": {}}),
+    )
+    chat(
+        "chat tools named with a response_format",
+        "chat tools errors",
+        _chat(tools=tools, tool_choice=NAMED, response_format={"type": "json_object"}),
+    )
+    chat("chat tools required without tools", "chat tools errors", _chat(tool_choice="required"))
+    chat(
+        "chat tools named streamed and refused",
+        "chat tools errors",
+        _chat(tools=tools, tool_choice={"type": "function", "function": {"name": "nope"}}, stream=True),
+    )
+    batch(
+        "batch chat tools required",
+        "batch chat tools",
+        _chat([SYS_USER, [USER2]], tools=tools, tool_choice="required", max_tokens=60),
+        deviation="batch_chat_tools",
+    )
+    batch(
+        "batch chat tools named",
+        "batch chat tools",
+        _chat([SYS_USER, [USER2]], tools=tools, tool_choice=NAMED, max_tokens=40),
+        deviation="batch_chat_tools",
     )
     chat("chat tools []", "chat errors", _chat(tools=[]))
     chat(
@@ -390,7 +470,12 @@ def chat_cases() -> list[Case]:
     )
     batch("batch chat seeded sampling", "batch chat", _chat(CONVERSATIONS, temperature=1.0, seed=4, max_tokens=10))
     batch("batch chat one conversation", "batch chat", _chat([MULTI_TURN]))
-    batch("batch chat tool-calling histories", "batch chat", _chat([TOOL_HISTORY, REASONING_HISTORY]))
+    batch(
+        "batch chat tool-calling histories",
+        "batch chat",
+        _chat([TOOL_HISTORY, REASONING_HISTORY]),
+        deviation="batch_chat_tool_history",
+    )
     batch("batch chat a bad tool call", "batch chat errors", _chat([SYS_USER, _with_call(type="x")]))
     batch(
         "batch chat a numeric tool_call_id",
@@ -400,7 +485,12 @@ def chat_cases() -> list[Case]:
     batch("batch chat messages []", "batch chat errors", _chat([]))
     batch("batch chat an empty conversation", "batch chat errors", _chat([SYS_USER, []]))
     batch("batch chat a flat conversation", "batch chat errors", _chat(SYS_USER))
-    batch("batch chat tool_choice auto", "batch chat errors", _chat([SYS_USER], tool_choice="auto"))
+    batch(
+        "batch chat tool_choice auto",
+        "batch chat errors",
+        _chat([SYS_USER], tool_choice="auto"),
+        deviation="batch_chat_tools",
+    )
     batch(
         "batch chat both template flags true",
         "batch chat errors",

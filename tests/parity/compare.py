@@ -11,7 +11,10 @@ Pure functions over parsed replies, so the comparison itself is unit-tested with
   vLLM's wording changes between releases);
 * for streams, chunk boundaries: vLLM merges deltas when its consumer lags, so a stream is
   compared as its per-index concatenation (text, token ids, logprobs), the ordered finish
-  reasons per index, the final usage chunk, the ``[DONE]`` count and the error events.
+  reasons per index, the final usage chunk, the ``[DONE]`` count and the error events. A chat
+  stream's ``reasoning`` is concatenated too, and its ``tool_calls`` pieces rebuilt into one
+  call per call index (name, type, the concatenated arguments): how a parser cuts a call into
+  pieces is its own (vLLM's differ per parser), what a client rebuilds is compared.
 
 A chat stream (``chat.completion.chunk``) is summarised the same way, per index: the
 concatenated ``delta.content``, the roles its deltas carried in order and whether the first
@@ -102,8 +105,17 @@ def _add_chat_choice(acc: dict[str, Any], ch: Mapping[str, Any], ev: Mapping[str
     if role is not None:
         acc["roles"].append(role)
     acc["content"] += delta.get("content") or ""
+    if delta.get("reasoning"):
+        acc["reasoning"] = acc.get("reasoning", "") + delta["reasoning"]
+    for piece in delta.get("tool_calls") or ():
+        calls = acc.setdefault("tool_calls", {})
+        call = calls.setdefault(piece.get("index"), {"name": None, "arguments": "", "type": None})
+        fn = piece.get("function") or {}
+        call["name"] = call["name"] or fn.get("name")
+        call["type"] = call["type"] or piece.get("type")
+        call["arguments"] += fn.get("arguments") or ""
     for key, value in delta.items():
-        if key not in ("role", "content") and value is not None:
+        if key not in ("role", "content", "reasoning", "tool_calls") and value is not None:
             acc.setdefault("delta." + key, []).append(value)
     acc["choice_keys"].update(ch)
     acc["delta_keys"].update(delta)

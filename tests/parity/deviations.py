@@ -7,6 +7,7 @@ other way. Every key here is named in docs/compatibility.md (a test checks that)
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -163,6 +164,55 @@ def _batch_chat_stream(braid: Reply, vllm: Reply, body: Any) -> list[str]:
     return problems
 
 
+def _batch_chat_tools(braid: Reply, vllm: Reply, body: Any) -> list[str]:
+    """vLLM's batched chat takes only ``tool_choice: "none"`` (a 400 otherwise); braid renders the
+    tools and parses each conversation's calls, as its single-conversation route does, and
+    refuses a bad ``tool_choice`` as that route does (param ``tool_choice``, not pydantic's)."""
+    problems = []
+    v = view(vllm)
+    if v["status"] != 400:
+        problems.append(f"vLLM's batched chat no longer refuses tool_choice: {v}")
+    b = braid.body if isinstance(braid.body, dict) else {}
+    if braid.status == 400:  # a tool_choice refused as the single-conversation route refuses it
+        if view(braid).get("error", {}).get("param") != "tool_choice":
+            problems.append(f"braid refused it for another reason: {view(braid)}")
+        return problems
+    if braid.status != 200 or braid.streamed or b.get("object") != "chat.completion":
+        return [*problems, f"braid should answer a chat.completion, got {view(braid)}"]
+    choices = b.get("choices") or []
+    if len(choices) != _batch_choices(body):
+        problems.append(f"braid answered {len(choices)} choices")
+    for ch in choices:
+        msg = ch.get("message") or {}
+        calls = msg.get("tool_calls") or []
+        if ch.get("finish_reason") == "tool_calls" and not calls and body.get("tool_choice") != "required":
+            problems.append(f"choice {ch.get('index')}: finish_reason tool_calls without calls")
+        for call in calls:
+            if not str(call.get("id", "")).startswith("chatcmpl-tool-") or call.get("type") != "function":
+                problems.append(f"choice {ch.get('index')}: call {call}")
+            if ch.get("finish_reason") != "length":  # a cut call's arguments are cut JSON
+                json.loads(call["function"]["arguments"])
+    return problems
+
+
+def _batch_chat_tool_history(braid: Reply, vllm: Reply, body: Any) -> list[str]:
+    """With a tool parser on, vLLM 0.32's batched chat refuses a conversation whose history holds
+    a tool call: it turns the call's JSON ``arguments`` into an object for the template, then
+    validates the conversation again as a chat request, which wants a string (400, a pydantic
+    error). Its single-conversation route takes the same history; braid's batch route does too."""
+    problems = []
+    if view(vllm)["status"] != 400:
+        problems.append(f"vLLM's batched chat now takes a tool-call history: {view(vllm)}")
+    b = braid.body if isinstance(braid.body, dict) else {}
+    if (
+        braid.status != 200
+        or b.get("object") != "chat.completion"
+        or len(b.get("choices") or []) != _batch_choices(body)
+    ):
+        problems.append(f"braid should answer every conversation, got {view(braid)}")
+    return problems
+
+
 DEVIATIONS: dict[str, Deviation] = {
     d.key: d
     for d in (
@@ -200,6 +250,16 @@ DEVIATIONS: dict[str, Deviation] = {
             "batch_chat_stream",
             "/v1/chat/completions/batch streams (vLLM ignores stream and answers each last delta)",
             _batch_chat_stream,
+        ),
+        Deviation(
+            "batch_chat_tools",
+            "/v1/chat/completions/batch takes tool_choice auto, required and named (vLLM: only none)",
+            _batch_chat_tools,
+        ),
+        Deviation(
+            "batch_chat_tool_history",
+            "/v1/chat/completions/batch takes a tool-call history with a tool parser on (vLLM 0.32: 400, its bug)",
+            _batch_chat_tool_history,
         ),
     )
 }

@@ -42,6 +42,12 @@ def test_the_modes_and_vllms_defaults(batch: bool) -> None:
     assert chat({"tools": TOOLS}, batch=batch).template.tools is not None
 
 
+def test_a_named_function_takes_over_a_response_format() -> None:
+    # vLLM refuses a named function with structured_outputs only; its schema wins over response_format
+    req = chat({"tools": TOOLS, "tool_choice": NAMED, "response_format": {"type": "json_object"}})
+    assert req.tool_choice.mode == "named" and req.structured is not None
+
+
 def test_tools_reach_the_template_unless_excluded_under_none() -> None:
     assert chat({"tools": TOOLS, "tool_choice": "none"}).template.tools is not None
     excluded = ParserOptions(exclude_tools_when_tool_choice_none=True)
@@ -74,7 +80,7 @@ def test_tools_reach_the_template_unless_excluded_under_none() -> None:
             "tool_choice",
         ),
         (
-            {"tools": TOOLS, "tool_choice": NAMED, "response_format": {"type": "json_object"}},
+            {"tools": TOOLS, "tool_choice": NAMED, "structured_outputs": {"regex": "[a-z]+"}},
             "either use constraints for structured outputs or tools, not both",
             None,
         ),

@@ -138,7 +138,7 @@ _NO_PARSERS = ParserOptions()
 _USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
 
 
-def tool_choice_of(b: ChatBody, parsers: ParserOptions, *, structured: bool) -> ToolChoice:
+def tool_choice_of(b: ChatBody, parsers: ParserOptions, *, structured: Structured | None) -> ToolChoice:
     """``tool_choice`` checked as vLLM checks it: its pydantic validator's rules and messages
     first (``tools`` not empty, ``tool_choice`` needs ``tools``, a named function must be one
     of them, not together with a structured-output constraint), then its server's, which
@@ -176,7 +176,9 @@ def tool_choice_of(b: ChatBody, parsers: ParserOptions, *, structured: bool) -> 
             for t in b.tools or ()
         ):
             raise _bad("The tool specified in `tool_choice` does not match any of the specified `tools`", "tool_choice")
-        if structured:
+        if structured is not None and structured.source != "response_format":
+            # vLLM counts only structured_outputs' constraints here; a response_format gives way
+            # to the function's schema (braid.routes.chat.constrain)
             raise _bad("You can only either use constraints for structured outputs or tools, not both.")
         mode = "named"
     elif raw in ("auto", "required"):
@@ -258,7 +260,7 @@ def parse_chat(
         # validators see only the fields the client sent.
         carried = msgspec.structs.replace(carried, prompt_logprobs=top)
     structured = structured_of(carried)
-    tool_choice = tool_choice_of(b, parsers, structured=structured is not None)
+    tool_choice = tool_choice_of(b, parsers, structured=structured)
     if tools is not None and not (tool_choice.mode == "none" and parsers.exclude_tools_when_tool_choice_none):
         template = attrs.evolve(template, tools=tools)
     conversations = _conversations(b.messages, batch)
