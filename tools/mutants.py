@@ -164,8 +164,8 @@ MUTANTS = [
         "stream/render.py",
         (
             (
-                "                    finish_reason=delta.finish_reason,\n",
-                "                    finish_reason=None if self.all_finished else delta.finish_reason,\n",
+                "                    finish_reason=finish_reason,\n",
+                "                    finish_reason=None if self.all_finished else finish_reason,\n",
             ),
         ),
         "the finish_reason of the request's last chunk is dropped",
