@@ -19,7 +19,12 @@ Trace format (everything is plain JSON-like data)::
                   "include_usage": bool, "continuous_usage": bool,
                   # chat only: one conversation per engine prompt, and how the reply is rendered
                   "conversations": [[{"role": str, "content": str}, ...], ...],
-                  "add_generation_prompt": bool},   # False: continue_final_message
+                  "add_generation_prompt": bool,    # False: continue_final_message
+                  # chat through a tool-call or reasoning parser (absent or None: none runs)
+                  "parsing": {"tool_choice": "auto" | "none" | "required" | "named",
+                              "parallel": bool, "include_reasoning": bool}},
+      "parses": [ {"content": str | None, "reasoning": str | None,
+                   "tool_calls": [[name, arguments], ...]} | None, ... ],   # per choice index
       "limits": {"heartbeat": float,           # the server's idle heartbeat period
                  "abort_bound": float},        # how long an abort may take after its trigger
       "left_running": int,                     # engine requests still running after the end
@@ -49,6 +54,12 @@ A chat request is a completions request whose prompts are its conversations: pro
 conversation ``i`` and choice ``k`` of it has index ``i*n + k``; the engine records are the same.
 Only its framing differs: a role chunk, then (with echo) an echo chunk, then the content chunks
 (chat's image of the completions chunks), per choice (see :func:`chat_parts`).
+
+Chat with ``parsing`` (a request with tools, or a server with a reasoning parser) shows a choice's
+engine text through vLLM's parsers: its content fragments carry ``delta.content``, ``delta.reasoning``
+and ``delta.tool_calls`` pieces instead of the engine's deltas one for one. ``parses`` is the oracle
+the harness records: for each choice, vLLM's ``parse()`` of its whole engine text (what the choice
+generated, however it was split into outputs), before the server's rules (I19-I21 apply them).
 
 Most invariants judge one request's trace (:func:`check_trace`). Admission's rules that are about
 the server as a whole (the slot bound across requests, round-robin between them) judge the traces
@@ -123,6 +134,14 @@ def _end(trace: Trace) -> Record | None:
 
 def _is_chat(trace: Trace) -> bool:
     return bool(trace["request"].get("kind") == "chat")
+
+
+def _parsing(trace: Trace) -> dict[str, Any] | None:
+    """Chat through parsers: the request's parsing options (None: its text is shown as generated)."""
+    if not _is_chat(trace):
+        return None
+    parsing: dict[str, Any] | None = trace["request"].get("parsing")
+    return parsing
 
 
 def _num_prompts(trace: Trace) -> int:
@@ -366,15 +385,19 @@ def choice_index(trace: Trace) -> Iterable[str]:
 @invariant(
     3,
     "Each choice's chunks (chat: its content chunks) are its engine deltas in engine order (so "
-    "its text is their concatenation, after the echoed prompt), each emitted no earlier than its delta.",
+    "its text is their concatenation, after the echoed prompt), each emitted no earlier than its delta "
+    "(chat through parsers: no more chunks than engine deltas; I19 says what they show).",
     prefix_safe=True,
 )
 def choice_sequence(trace: Trace) -> Iterable[str]:
     want = expected_chunks(trace)
+    parsed = _parsing(trace) is not None
     for j, got in _choice_chunks(trace).items():
         exp = want.get(j, [])
         if len(got) > len(exp):
             yield f"choice {j}: {len(got)} chunks but the engine produced only {len(exp)} deltas for it"
+        if parsed:
+            continue  # what parsed text shows is I19's
         for m, ((r, c), e) in enumerate(zip(got, exp, strict=False)):
             if c.get("text") != e["text"]:
                 yield f"choice {j} chunk {m}: text {c.get('text')!r}, engine delta says {e['text']!r}"
@@ -387,7 +410,8 @@ def choice_sequence(trace: Trace) -> Iterable[str]:
 @invariant(
     4,
     "Exactly one non-null finish_reason per finished choice, on its last chunk, equal to "
-    "the engine's; on a normal end without error every choice has finished.",
+    "the engine's (chat through parsers: as I21 says); on a normal end without error every choice "
+    "has finished.",
     prefix_safe=True,
 )
 def one_finish_reason(trace: Trace) -> Iterable[str]:
@@ -401,6 +425,8 @@ def one_finish_reason(trace: Trace) -> Iterable[str]:
         if reasons and reasons[-1][0] != len(got) - 1:
             yield f"choice {j} has chunks after its finish_reason"
         exp = want.get(j, [])
+        if _parsing(trace) is not None:
+            continue  # chunks are not one per engine delta there; I21 says which reason
         for m, (_, c) in enumerate(got):
             if m < len(exp) and c.get("finish_reason") != exp[m]["finish_reason"]:
                 yield f"choice {j} chunk {m}: finish_reason {c.get('finish_reason')!r}, engine says {exp[m]['finish_reason']!r}"
@@ -478,7 +504,24 @@ def usage_totals(trace: Trace) -> Iterable[str]:
         u = ev["data"].get("usage")
         if req["continuous_usage"] != (u is not None):
             yield f"seq {r['seq']}: chunk usage is {u!r} with continuous_usage={req['continuous_usage']}"
-    if req["continuous_usage"]:
+    if req["continuous_usage"] and _parsing(trace) is not None:
+        # Parsed chunks are not one per engine delta (a held-back marker sends nothing): each
+        # chunk's count is one the choice reached, and they only go up.
+        for j, got in _choice_chunks(trace).items():
+            exp = want_chunks.get(j, [])
+            reached = {e["completion_tokens"]: e["prompt"] for e in exp}
+            last = 0
+            for m, (r, _) in enumerate(got):
+                u = r["event"]["data"].get("usage")
+                if u is None or not exp:
+                    continue
+                count = u.get("completion_tokens")
+                if count not in reached or count <= last:
+                    yield f"choice {j} chunk {m} (continuous usage): {count} completion tokens, after {last}"
+                    break
+                last = count
+                yield from check(u, ptoks.get(reached[count], -1), count, f"choice {j} chunk {m} (continuous usage)")
+    elif req["continuous_usage"]:
         for j, got in _choice_chunks(trace).items():
             exp = want_chunks.get(j, [])
             for m, (r, _) in enumerate(got):
@@ -616,8 +659,8 @@ def engine_cleanup(trace: Trace) -> Iterable[str]:
     11,
     "A non-streaming response is all-or-nothing: exactly one JSON response on a normal end "
     "(none after a disconnect or drain): 200 with every choice complete if no engine request "
-    "failed (chat: a message with the reply's role, the echo and the text), else the first "
-    "failure's error and no choices.",
+    "failed (chat: a message with the reply's role, the echo and the text; through parsers, as I19 "
+    "and I21 say), else the first failure's error and no choices.",
     prefix_safe=False,
 )
 def all_or_nothing(trace: Trace) -> Iterable[str]:
@@ -657,10 +700,14 @@ def all_or_nothing(trace: Trace) -> Iterable[str]:
             text = echo_text(trace, p) + text
             if message.get("role") != reply_role(trace, p):
                 yield f"choice {j}: message role {message.get('role')!r}, the reply's role is {reply_role(trace, p)!r}"
-        if got_text != text:
+        if _parsing(trace) is not None:
+            pass  # its message and finish_reason are I19's and I21's
+        elif got_text != text:
             yield f"choice {j}: text {got_text!r}, the engine produced {text!r}"
         fin = exp[-1]["finish_reason"] if exp else None
-        if fin is None or c.get("finish_reason") != fin:
+        if fin is None:
+            yield f"choice {j}: the engine never finished it"
+        elif _parsing(trace) is None and c.get("finish_reason") != fin:
             yield f"choice {j}: finish_reason {c.get('finish_reason')!r}, engine said {fin!r}"
         if req["logprobs"] is not None:
             lp = c.get("logprobs") or {}
@@ -916,6 +963,204 @@ def chat_echo(trace: Trace) -> Iterable[str]:
         missing = [j for j in range(_num_choices(trace)) if echo_text(trace, j // n) and j not in have]
         if missing:
             yield f"the stream ended normally but choices {missing} never got their echo chunk"
+
+
+# --------------------------------------------------------------------------------------------
+# Chat through tool-call and reasoning parsers (I19-I21)
+
+
+def _rebuilt(deltas: Iterable[dict[str, Any]]) -> tuple[str, str, list[list[str]]]:
+    """A streamed choice put back together as a client does: content and reasoning concatenated,
+    each call's name from its first piece and its arguments the concatenated fragments."""
+    content, reasoning = [], []
+    calls: dict[int, list[str]] = {}
+    for delta in deltas:
+        content.append(delta.get("content") or "")
+        reasoning.append(delta.get("reasoning") or "")
+        for piece in delta.get("tool_calls") or ():
+            fn = piece.get("function") or {}
+            call = calls.setdefault(piece.get("index"), [fn.get("name") or "", ""])
+            call[1] += fn.get("arguments") or ""
+    return "".join(content), "".join(reasoning), [calls[i] for i in sorted(calls, key=str)]
+
+
+def expected_parse(trace: Trace, j: int) -> tuple[str, str, list[list[str]]] | None:
+    """What choice ``j`` must show through its parsers: vLLM's parse of its whole engine text
+    (``parses``) under the request's rules: no calls under ``tool_choice`` none, only the first
+    without parallel calls, no reasoning without ``include_reasoning``. Content without the
+    whitespace around it (vLLM streams the whitespace around a call or after a reasoning block as
+    content, and its parse of the whole drops it), null as empty. None: no parse recorded."""
+    parsing = _parsing(trace)
+    parses = trace.get("parses") or []
+    if parsing is None or j >= len(parses) or parses[j] is None:
+        return None
+    p = parses[j]
+    calls = [list(c) for c in p["tool_calls"]]
+    if parsing["tool_choice"] == "none":
+        calls = []
+    elif not parsing["parallel"]:
+        calls = calls[:1]
+    reasoning = (p["reasoning"] or "") if parsing["include_reasoning"] else ""
+    return (p["content"] or "").strip(), reasoning, calls
+
+
+def _content_parts(trace: Trace) -> dict[int, list[tuple[Record, dict[str, Any]]]]:
+    """Chat: each valid choice's content fragments (record, choice dict), in order."""
+    return {
+        j: [(r, c) for part, r, c in parts if part == CONTENT]
+        for j, parts in chat_parts(trace).items()
+        if _valid_index(trace, j)
+    }
+
+
+@invariant(
+    19,
+    "Chat through parsers: a streamed choice that the engine stopped, in a stream that ended "
+    "normally without an error, rebuilt (content and reasoning concatenated, each call's name "
+    "from its first piece and its arguments the concatenated fragments) shows what vLLM's parse "
+    "of its whole engine text shows under the request's rules (no calls under tool_choice none, "
+    "only the first without parallel calls, no reasoning without include_reasoning); so does "
+    "every choice's message of a whole response (after its echo).",
+    prefix_safe=True,
+)
+def parsed_as_whole(trace: Trace) -> Iterable[str]:
+    if _parsing(trace) is None:
+        return
+    req = trace["request"]
+    engine = expected_chunks(trace)
+
+    def compare(j: int, where: str, got: tuple[str, str, list[list[str]]]) -> Iterable[str]:
+        want = expected_parse(trace, j)
+        if want is None:
+            yield f"choice {j}: no parse of its engine text was recorded"
+            return
+        content, reasoning, calls = got
+        if (content.strip(), reasoning, calls) != want:
+            yield f"choice {j} {where}: content/reasoning/calls {(content.strip(), reasoning, calls)!r}, the whole parse says {want!r}"
+
+    if req["stream"]:
+        if not _normal_end(trace) or _errored(trace):
+            return
+        for j, got in _content_parts(trace).items():
+            exp = engine.get(j, [])
+            if exp and exp[-1]["finish_reason"] == "stop":
+                yield from compare(j, "streamed", _rebuilt(c.get("delta") or {} for _, c in got))
+        return
+    for r in _records(trace, "json"):
+        if r["status"] != 200:
+            continue
+        for c in r["body"].get("choices", []):
+            j = c.get("index")
+            if not _valid_index(trace, j):
+                continue
+            message = c.get("message") or {}
+            content = message.get("content") or ""
+            echo = echo_text(trace, j // req["n"])
+            if not content.startswith(echo):
+                yield f"choice {j}: message content {content!r} does not start with its echo {echo!r}"
+                continue
+            calls = [
+                [(t.get("function") or {}).get("name") or "", (t.get("function") or {}).get("arguments") or ""]
+                for t in message.get("tool_calls") or ()
+            ]
+            yield from compare(j, "message", (content[len(echo) :], message.get("reasoning") or "", calls))
+
+
+@invariant(
+    20,
+    "Chat through parsers: a choice's tool-call pieces have call indices from 0 up, a new index "
+    "one past the last; a call's first piece carries an id (no two calls of a response share "
+    "one), type function and the name, its later pieces only argument fragments; none under "
+    "tool_choice none, only index 0 without parallel calls; no reasoning after the choice's first "
+    "content or call piece; a whole response's calls have ids, distinct, of type function. "
+    "Without parsers, no reasoning and no calls.",
+    prefix_safe=True,
+)
+def tool_call_pieces(trace: Trace) -> Iterable[str]:
+    if not _is_chat(trace):
+        return
+    parsing = _parsing(trace)
+    ids: set[str] = set()
+    for j, got in _content_parts(trace).items():
+        started: dict[int, str] = {}
+        answered = False
+        for m, (_, c) in enumerate(got):
+            delta = c.get("delta") or {}
+            if parsing is None:
+                if "reasoning" in delta or "tool_calls" in delta:
+                    yield f"choice {j} chunk {m}: reasoning or calls without a parser: {sorted(delta)}"
+                continue
+            if delta.get("reasoning") and answered:
+                yield f"choice {j} chunk {m}: reasoning after its content or calls began"
+            pieces = delta.get("tool_calls") or ()
+            answered = answered or bool(delta.get("content")) or bool(pieces)
+            for piece in pieces:
+                index, fn = piece.get("index"), piece.get("function") or {}
+                if parsing["tool_choice"] == "none":
+                    yield f"choice {j} chunk {m}: a call piece under tool_choice none"
+                    return
+                if not parsing["parallel"] and index != 0:
+                    yield f"choice {j} chunk {m}: call {index!r} without parallel calls"
+                if index in started:
+                    if "id" in piece or "type" in piece or "name" in fn:
+                        yield f"choice {j} chunk {m}: a later piece of call {index} repeats its id, type or name"
+                    continue
+                if index != len(started):
+                    yield f"choice {j} chunk {m}: call {index!r} begins after {len(started)} calls"
+                call_id = piece.get("id")
+                if not call_id or piece.get("type") != "function" or not fn.get("name"):
+                    yield f"choice {j} chunk {m}: call {index!r} begins without an id, type or name: {piece!r}"
+                elif call_id in ids:
+                    yield f"choice {j} chunk {m}: call id {call_id!r} used twice"
+                ids.add(str(call_id))
+                started[index] = str(call_id)
+    for r in _records(trace, "json"):
+        for c in r["body"].get("choices", []) if r["status"] == 200 else ():
+            message = c.get("message") or {}
+            calls = message.get("tool_calls") or ()
+            if parsing is None and (calls or message.get("reasoning")):
+                yield f"choice {c.get('index')}: reasoning or calls without a parser"
+            for t in calls:
+                if not t.get("id") or t.get("type") != "function" or t["id"] in ids:
+                    yield f"choice {c.get('index')}: a call without an id of its own or not a function: {t!r}"
+                ids.add(str(t.get("id")))
+
+
+@invariant(
+    21,
+    "Chat through parsers: finish_reason is vLLM's server's. Streamed: tool_calls when the choice "
+    "sent a call piece and the engine stopped it, unless tool_choice named the function. Whole: "
+    "tool_calls when the message has calls under tool_choice auto, or under required when the "
+    "engine stopped it. Otherwise the engine's reason.",
+    prefix_safe=True,
+)
+def tool_calls_finish(trace: Trace) -> Iterable[str]:
+    parsing = _parsing(trace)
+    if parsing is None:
+        return
+    mode = parsing["tool_choice"]
+    engine = expected_chunks(trace)
+    for j, got in _content_parts(trace).items():
+        exp = engine.get(j, [])
+        reasons = [c.get("finish_reason") for _, c in got if c.get("finish_reason") is not None]
+        if not reasons or not exp:
+            continue
+        called = any((c.get("delta") or {}).get("tool_calls") for _, c in got)
+        fin = exp[-1]["finish_reason"]
+        want = "tool_calls" if called and fin == "stop" and mode != "named" else fin
+        if reasons[-1] != want:
+            yield f"choice {j}: finish_reason {reasons[-1]!r}, expected {want!r} (engine: {fin!r}, called: {called})"
+    for r in _records(trace, "json"):
+        for c in r["body"].get("choices", []) if r["status"] == 200 else ():
+            j = c.get("index")
+            exp = engine.get(j, []) if _valid_index(trace, j) else []
+            if not exp:
+                continue
+            called = bool((c.get("message") or {}).get("tool_calls"))
+            fin = exp[-1]["finish_reason"]
+            want = "tool_calls" if (called and mode == "auto") or (mode == "required" and fin == "stop") else fin
+            if c.get("finish_reason") != want:
+                yield f"choice {j}: finish_reason {c.get('finish_reason')!r}, expected {want!r} (engine: {fin!r}, called: {called})"
 
 
 def check_server(traces: list[Trace], max_in_flight: int) -> list[Violation]:

@@ -23,7 +23,8 @@ import itertools
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -36,10 +37,13 @@ from braid.metrics import Metrics
 from braid.routes.chat import chat_completions
 from braid.routes.common import AppState, JsonResponse
 from braid.routes.completions import completions
-from braid.settings import Settings
+from braid.settings import ParserOptions, Settings
 from braid.stream.admit import Admission, Ticket
 from braid.wire.output import error_body
 from model.stream import parse_sse
+
+if TYPE_CHECKING:
+    from braid.engine.vllm_parsers import Parsers
 
 METRICS = Metrics()  # values are irrelevant here; one registry avoids re-registering per example
 WATCHDOG = 100_000.0  # virtual seconds: a request still running then is hung
@@ -68,6 +72,40 @@ CHAT_INVALID_BODIES: dict[str, dict[str, Any]] = {
 """Chat bodies that break the API (merged into a valid chat body; ``messages`` replaces every
 conversation, so the batch route gets a list that is not one of conversations or is empty)."""
 
+PARSERS: dict[str, ParserOptions] = {
+    "hermes": ParserOptions(enable_auto_tool_choice=True, tool_call_parser="hermes"),
+    "pythonic": ParserOptions(enable_auto_tool_choice=True, tool_call_parser="pythonic"),
+    "qwen3_coder": ParserOptions(enable_auto_tool_choice=True, tool_call_parser="qwen3_coder"),
+    # vLLM's xlam streams calls right only one token per delta: with several it doubles an
+    # argument or loses a call (the bug class of vLLM #55082): braid must feed it engine steps.
+    "xlam": ParserOptions(enable_auto_tool_choice=True, tool_call_parser="xlam"),
+    "hermes+qwen3": ParserOptions(enable_auto_tool_choice=True, tool_call_parser="hermes", reasoning_parser="qwen3"),
+}
+"""The servers a parsing scenario may run on: their tool-call and reasoning parser flags."""
+
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    },
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}},
+]
+
+
+@cache
+def server_parsers(name: str) -> Parsers:
+    """The named server's parsers, loaded on the scripted engine's tokenizer (vLLM's, imported
+    only when a scenario parses)."""
+    from braid.engine.vllm_parsers import load_parsers
+
+    engine = ScriptedEngine()
+    parsers = load_parsers(PARSERS[name], engine.tokenizer.parser_tokenizer(), engine.info.name)
+    assert parsers is not None
+    return parsers
+
 
 @attrs.frozen
 class Scenario:
@@ -92,6 +130,14 @@ class Scenario:
     ignore_eos: bool = False
     seed: int | None = None
     invalid: str | None = None
+    # chat through tool-call and reasoning parsers
+    parser: str | None = None
+    """A key of :data:`PARSERS`: the server's parser flags, and the request sends :data:`TOOLS`."""
+    says: tuple[str, ...] = ()
+    """What the engine writes (``<braid:say>``, added to every user message): choice k says k % len."""
+    tool_choice: str = "auto"
+    parallel: bool = True
+    include_reasoning: bool = True
     # engine timing
     token_delay: float = 0.0
     step_delays: tuple[tuple[float, ...], ...] = ((),)
@@ -114,9 +160,10 @@ class Scenario:
     def conversations(self) -> list[list[dict[str, str]]]:
         """Chat: the conversations the body sends, one per prompt."""
         out = []
+        said = "".join(f"<braid:say>{text}</braid:say>" for text in self.says)
         for i, p in enumerate(self.prompts):
             tail = self.tails[i % len(self.tails)]
-            conv = [{"role": "user", "content": p}]
+            conv = [{"role": "user", "content": p + said}]
             if tail is not None:
                 conv.append({"role": "assistant", "content": tail})
             out.append(conv)
@@ -145,6 +192,12 @@ class Scenario:
             body.update(logprobs=True, top_logprobs=self.logprobs)
         if self.seed is not None:
             body["seed"] = self.seed
+        if self.parser is not None:
+            body.update(tools=TOOLS, tool_choice=self.tool_choice)
+            if not self.parallel:
+                body["parallel_tool_calls"] = False
+            if not self.include_reasoning:
+                body["include_reasoning"] = False
         if self.invalid is not None:
             body.update((CHAT_INVALID_BODIES if self.chat else INVALID_BODIES)[self.invalid])
         return json.dumps(body).encode()
@@ -166,7 +219,39 @@ class Scenario:
         if self.chat is not None:
             req["conversations"] = self.conversations if self.chat == "batch" else self.conversations[:1]
             req["add_generation_prompt"] = self.add_generation_prompt
+            if self.parses:
+                req["parsing"] = {
+                    "tool_choice": self.tool_choice,
+                    "parallel": self.parallel,
+                    "include_reasoning": self.include_reasoning,
+                }
         return req
+
+    @property
+    def parses(self) -> bool:
+        """The request goes through parsers: it may call tools, or the server has a reasoning parser
+        (vLLM's rule: under ``tool_choice`` none the tool parser does not run)."""
+        if self.chat is None or self.parser is None:
+            return False
+        return self.tool_choice != "none" or PARSERS[self.parser].reasoning_parser is not None
+
+    def whole_parse(self, prompt_ids: list[int], text: str, token_ids: list[int]) -> dict[str, Any]:
+        """The oracle of a choice (the model's ``parses``): vLLM's ``parse()`` of its whole engine
+        text, through a fresh parser of this request's kind (braid's adapter, its one face of vLLM)."""
+        assert self.parser is not None
+        parsers = server_parsers(self.parser).for_request(
+            tools=TOOLS,
+            tool_choice=self.tool_choice,
+            parallel_tool_calls=None if self.parallel else False,
+            chat_template_kwargs=None,
+            include_reasoning=True,
+        )
+        out = parsers.choice(prompt_ids).parse(text, token_ids)
+        return {
+            "content": out.content,
+            "reasoning": out.reasoning,
+            "tool_calls": [[c.name, c.arguments] for c in out.tool_calls],
+        }
 
     @property
     def request_id(self) -> str:
@@ -184,14 +269,28 @@ class Recorder:
     open_engine: set[int] = attrs.Factory(set)
     left_running: int = 0
     max_in_flight: int = 0  # the slots of the admission this request runs under
+    prompt_ids: dict[int, list[int]] = attrs.Factory(dict)
+    generated: dict[tuple[int, int], tuple[list[str], list[int]]] = attrs.Factory(dict)
+    """Each choice's engine text and tokens ((prompt, k) -> texts, token ids): the oracle's input."""
 
     def add(self, kind: str, **fields: Any) -> dict[str, Any]:
         r = {"seq": next(self.seq), "t": trio.current_time(), "kind": kind, **fields}
         self.records.append(r)
         return r
 
+    def parses(self) -> list[dict[str, Any] | None]:
+        """The model's ``parses``: each choice's whole engine text parsed (None: it generated nothing)."""
+        s, n = self.scenario, self.scenario.n
+        out: list[dict[str, Any] | None] = []
+        for j in range(len(s.model_request()["conversations"]) * n):
+            got = self.generated.get(divmod(j, n))
+            out.append(None if got is None else s.whole_parse(self.prompt_ids[j // n], "".join(got[0]), got[1]))
+        return out
+
     def trace(self) -> dict[str, Any]:
+        parses = self.parses() if self.scenario.parses else None
         return {
+            "parses": parses,
             "request": self.scenario.model_request(),
             "limits": {
                 "heartbeat": self.scenario.heartbeat,
@@ -289,6 +388,7 @@ class RecordingEngine:
                 on_failure(err)
 
         rec.open_engine.add(prompt)
+        rec.prompt_ids[prompt] = list(request.prompt_token_ids)
         rec.add("engine_open", prompt=prompt, prompt_tokens=len(request.prompt_token_ids))
         try:
             async with self.inner.open_request(request, failed, direct, observe=observe) as outputs:
@@ -328,6 +428,10 @@ class RecordingEngine:
 
 
 def _record_output(rec: Recorder, prompt: int, out: EngineOutput) -> None:
+    for d in out.choices:
+        texts, ids = rec.generated.setdefault((prompt, d.index), ([], []))
+        texts.append(d.text)
+        ids.extend(d.token_ids)
     rec.add(
         "engine_output",
         prompt=prompt,
@@ -385,9 +489,20 @@ async def _respond(engine: RecordingEngine, rec: Recorder, rid: str, admission: 
     ids that ``engine`` records under.
     """
     s = rec.scenario
-    settings = Settings(buffer=s.buffer, stall_timeout=s.stall_timeout, heartbeat=s.heartbeat)
+    settings = Settings(
+        buffer=s.buffer,
+        stall_timeout=s.stall_timeout,
+        heartbeat=s.heartbeat,
+        parsers=PARSERS[s.parser] if s.parser is not None else ParserOptions(),
+    )
     state = AppState(
-        engine, settings, METRICS, new_id=lambda: rid.partition("-")[2], now=lambda: 0.0, admission=admission
+        engine,
+        settings,
+        METRICS,
+        new_id=lambda: rid.partition("-")[2],
+        now=lambda: 0.0,
+        admission=admission,
+        parsers=server_parsers(s.parser) if s.parser is not None else None,
     )
     try:
         try:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import attrs
 from hypothesis import example, given, note
+from hypothesis import strategies as st
 
 from model import check_server, check_trace
 from property_tests.harness import Scenario, run_scenario
-from property_tests.strategies import scenarios
+from property_tests.strategies import SAYS, scenarios
 
 
 def assert_model(s: Scenario) -> dict:
@@ -149,3 +150,51 @@ def test_a_clean_chat_stream_assembles_to_the_non_streaming_response(s: Scenario
     (body,) = [r["body"] for r in plain["records"] if r["kind"] == "json"]
     got = [(c["message"]["role"], c["message"]["content"]) for c in body["choices"]]
     assert got == [(roles[j], texts[j]) for j in range(len(body["choices"]))]
+
+
+# Chat through vLLM's tool-call and reasoning parsers (hermes, pythonic, qwen3_coder, hermes with
+# qwen3), on the scripted engine writing calls and reasoning in each format.
+
+
+@given(scenarios(stream=True, parsing=True, max_prompts=4))
+def test_parsed_chat_streams_follow_the_model(s: Scenario) -> None:
+    """Any parsed chat stream: call pieces, reasoning, finish reasons; with faults, disconnects,
+    stalls and drains as for any stream."""
+    assert_model(s)
+
+
+@given(scenarios(stream=False, parsing=True, max_prompts=4))
+def test_parsed_chat_responses_follow_the_model(s: Scenario) -> None:
+    assert_model(s)
+
+
+@given(
+    scenarios(stream=True, parsing=True, faults=False, client_events=False, max_prompts=2),
+    st.sampled_from([0.0, 0.2, 2.0, 7.0]),
+    st.sampled_from([1, 2]),
+)
+@example(
+    Scenario(("p0",), chat="single", parser="pythonic", says=(SAYS["pythonic"][-1],), max_tokens=200, parallel=False),
+    2.0,
+    1,
+)
+@example(
+    Scenario(
+        ("p0", "p1"),
+        chat="batch",
+        parser="hermes+qwen3",
+        says=(SAYS["hermes+qwen3"][-1],),
+        n=2,
+        max_tokens=200,
+        include_reasoning=False,
+    ),
+    7.0,
+    2,
+)
+def test_parsed_calls_survive_any_split_of_the_stream(s: Scenario, read_delay: float, buffer: int) -> None:
+    """The split-invariance property, end to end: the engine generates on its own clock while the
+    reader lags by ``read_delay`` per write through a channel of ``buffer`` outputs, so the outputs
+    it takes carry several engine steps each, split wherever the timing falls. Every finished
+    choice's streamed calls, content and reasoning, rebuilt, are the parse of its whole text (I19)."""
+    s = attrs.evolve(s, token_delay=1.0, read_delay=read_delay, buffer=buffer, stall_timeout=1e6, heartbeat=1e5)
+    assert_model(s)

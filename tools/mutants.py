@@ -332,6 +332,96 @@ MUTANTS = [
         (('    return last.content or "" if last.role == role else ""', '    return last.content or ""'),),
         "echo repeats the last message even when its role is not the reply's",
     ),
+    # Chat through tool-call and reasoning parsers (issue 26): I19-I21 of model/stream.py.
+    Mutant(
+        "parser_fed_merged_outputs",
+        "stream/render.py",
+        (
+            (
+                "                    parsed = parsing.take(index, finished=finish_reason is not None)\n",
+                "                    parsing._choices[index].pending.append(\n"
+                "                        parsing._choices[index].parser.feed(\n"
+                "                            delta.text, delta.token_ids, finished=finish_reason is not None\n"
+                "                        )\n"
+                "                    )\n"
+                "                    parsed = parsing.take(index, finished=finish_reason is not None)\n",
+            ),
+        ),
+        "each choice's parser is fed the outputs its reader takes (several engine steps merged for "
+        "a reader that lags), as vLLM's server feeds it, instead of the engine's steps",
+    ),
+    Mutant(
+        "parser_observer_off",
+        "stream/parse.py",
+        (
+            (
+                "        if not self.stream:\n            return None\n        base",
+                "        if True:\n            return None\n        base",
+            ),
+        ),
+        "the engine's steps never reach the parsers: a parsed stream shows nothing",
+    ),
+    Mutant(
+        "joined_call_keeps_last_fragment",
+        "engine/tool_calls.py",
+        (('                "".join(p.arguments for p in parts),', "                parts[-1].arguments,"),),
+        "a lagging reader's joined delta keeps only the last argument fragment of each call",
+    ),
+    Mutant(
+        "no_tool_calls_finish",
+        "stream/parse.py",
+        (
+            (
+                '            return "tool_calls" if called and mode != "named" and reason == "stop" else reason',
+                "            return reason",
+            ),
+        ),
+        "a streamed choice that called a tool keeps the engine's finish_reason",
+    ),
+    Mutant(
+        "tool_calls_finish_when_cut",
+        "stream/parse.py",
+        (
+            (
+                '            return "tool_calls" if called and mode != "named" and reason == "stop" else reason',
+                '            return "tool_calls" if called and mode != "named" else reason',
+            ),
+        ),
+        "a streamed call cut by max_tokens finishes with tool_calls instead of length",
+    ),
+    Mutant(
+        "parallel_calls_not_filtered",
+        "stream/parse.py",
+        (("        if delta.tool_calls and not opts.tool_choice.parallel:", "        if False:"),),
+        "parallel_tool_calls false still streams every call",
+    ),
+    Mutant(
+        "reasoning_not_hidden",
+        "routes/chat.py",
+        (
+            (
+                "        chat_template_kwargs=chat.chat_template_kwargs,\n        include_reasoning=chat.include_reasoning,",
+                "        chat_template_kwargs=chat.chat_template_kwargs,\n        include_reasoning=True,",
+            ),
+            (
+                "        chat.tool_choice,\n        include_reasoning=chat.include_reasoning,",
+                "        chat.tool_choice,\n        include_reasoning=True,",
+            ),
+        ),
+        "include_reasoning false is not passed on: the reasoning is still shown",
+    ),
+    Mutant(
+        "call_pieces_all_whole",
+        "wire/chat_response.py",
+        (("            if piece.id is not None or piece.name is not None\n", "            if True\n"),),
+        "every piece of a streamed call repeats its id, type and name (null after the first)",
+    ),
+    Mutant(
+        "whole_response_drops_calls",
+        "stream/parse.py",
+        (("            tool_calls=calls,\n        )", "            tool_calls=(),\n        )"),),
+        "a whole response's message loses its tool calls",
+    ),
 ]
 
 
