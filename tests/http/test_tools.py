@@ -166,6 +166,31 @@ async def test_reasoning_then_a_call_with_reasoning_tokens_in_usage(rc: httpx.As
     assert hidden["reasoning"] is None and calls_of(hidden) == calls_of(message)
 
 
+async def test_hidden_reasoning_hides_the_tokens_logprobs_and_ids_too(rc: httpx.AsyncClient) -> None:
+    # as vLLM's server: with include_reasoning false the generated tokens' logprobs and ids would
+    # spell the reasoning out, so neither is sent (the prompt's ids still are)
+    body = {
+        "messages": say(THINK + "It is sunny."),
+        "max_tokens": 200,
+        "logprobs": True,
+        "top_logprobs": 1,
+        "return_token_ids": True,
+    }
+    shown = (await post(rc, body))["choices"][0]
+    assert shown["logprobs"]["content"] and shown["token_ids"]
+    hidden = await post(rc, {**body, "include_reasoning": False})
+    (choice,) = hidden["choices"]
+    assert (choice["message"]["reasoning"], choice["message"]["content"]) == (None, "It is sunny.")
+    assert choice["logprobs"] is None and choice["token_ids"] is None and hidden["prompt_token_ids"]
+    events = await post(rc, {**body, "include_reasoning": False, "stream": True})
+    chunks = [c for e in events if e != "[DONE]" for c in e["choices"]]
+    assert all(c["logprobs"] is None and c.get("token_ids") is None for c in chunks)
+    (ch,) = rebuilt(events).values()
+    assert (ch["reasoning"], ch["content"], ch["finish"]) == ("", "It is sunny.", "stop")
+    # nothing is sent for the hidden steps: fewer chunks than tokens
+    assert len(chunks) < len(shown["token_ids"])
+
+
 async def test_reasoning_without_tools_is_parsed_too(rc: httpx.AsyncClient) -> None:
     body = {"messages": say(THINK + "It is sunny."), "max_tokens": 200}
     message = (await post(rc, body))["choices"][0]["message"]

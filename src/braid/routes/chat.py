@@ -13,6 +13,7 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+import attrs
 import msgspec
 import trio
 
@@ -159,6 +160,8 @@ def choice_parsing(state: AppState, chat: ChatRequest, plan: Plan, parsers: Requ
 def _parts(
     plan: Plan, tokenizer: Tokenizer, shape: ChatShape, parsing: ChoiceParsing | None
 ) -> tuple[ChoiceRenderer, ChatEvents]:
+    if parsing is not None and not parsing.options.include_reasoning:
+        shape = attrs.evolve(shape, hide_token_data=True)
     renderer = ChoiceRenderer(
         plan, tokenizer, chat_top=0 if shape.top_logprobs is None else shape.top_logprobs, parsing=parsing
     )

@@ -216,10 +216,18 @@ class ChoiceRenderer:
             parsed: ParsedDelta | None = None
             whole: ParsedOutput | None = None
             parsing = self.parsing
+            # Reasoning hidden (include_reasoning false): so are the tokens' logprobs and ids,
+            # which would spell it out (as vLLM's server hides them).
+            hidden = parsing is not None and not parsing.options.include_reasoning
             if parsing is not None:
                 if parsing.stream:
                     parsed = parsing.take(index, finished=finish_reason is not None)
-                    if parsed.empty and finish_reason is None and plan.logprobs is None and not plan.return_token_ids:
+                    if (
+                        parsed.empty
+                        and finish_reason is None
+                        and (plan.logprobs is None or hidden)
+                        and (not plan.return_token_ids or hidden)
+                    ):
                         continue  # the parser holds it back (a marker, a partial call): vLLM sends nothing
                 else:
                     parsing.gather(index, delta.text, delta.token_ids)
@@ -229,7 +237,9 @@ class ChoiceRenderer:
                     finish_reason = parsing.finish_reason(index, finish_reason)
             state.started = True
             logprobs: LogprobsFragment | ChatLogprobs | None = None
-            if plan.logprobs is not None and self.chat_top is not None:
+            if hidden:
+                pass
+            elif plan.logprobs is not None and self.chat_top is not None:
                 logprobs = render_chat_logprobs(
                     ids, steps, top=self.chat_top, tokenizer=self.tokenizer, as_ids=plan.tokens_as_ids
                 )
@@ -256,7 +266,7 @@ class ChoiceRenderer:
                     logprobs=logprobs,
                     finish_reason=finish_reason,
                     stop_reason=delta.stop_reason,
-                    token_ids=delta.token_ids if plan.return_token_ids else None,
+                    token_ids=delta.token_ids if plan.return_token_ids and not hidden else None,
                     # vLLM's streams carry the prompt ids on an echoing first chunk even
                     # without return_token_ids (its non-streamed bodies do not)
                     prompt_token_ids=prompt_ids

@@ -39,6 +39,9 @@ class ChatShape:
     """The text ``echo`` puts before each of its choices ("" for none)."""
     top_logprobs: int | None
     """Alternatives per token in chat's logprobs (-1: all); None: no logprobs asked."""
+    hide_token_data: bool = False
+    """Reasoning hidden (``include_reasoning`` false through a parser): the generated tokens'
+    logprobs and ids are not shown either (they would spell it out), as vLLM's server does."""
 
 
 @attrs.frozen
@@ -190,10 +193,12 @@ class ChatEvents:
                     {
                         "index": index,
                         "message": _message(shape.roles[index // n], shape.echo[index // n], ch.text, ch.whole),
-                        "logprobs": None if shape.top_logprobs is None else {"content": _content(ch.logprobs)},
+                        "logprobs": None
+                        if shape.top_logprobs is None or shape.hide_token_data
+                        else {"content": _content(ch.logprobs)},
                         "finish_reason": ch.finish_reason or "stop",
                         "stop_reason": ch.stop_reason,
-                        "token_ids": ch.token_ids if with_ids else None,
+                        "token_ids": ch.token_ids if with_ids and not shape.hide_token_data else None,
                         "routed_experts": None,
                     }
                     for index, ch in enumerate(choices)
