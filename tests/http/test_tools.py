@@ -166,6 +166,27 @@ async def test_reasoning_then_a_call_with_reasoning_tokens_in_usage(rc: httpx.As
     assert hidden["reasoning"] is None and calls_of(hidden) == calls_of(message)
 
 
+async def test_continuous_usage_counts_reasoning_tokens_as_they_come(rc: httpx.AsyncClient) -> None:
+    body = {
+        "messages": say(THINK + "It is sunny."),
+        "max_tokens": 200,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    events = await post(rc, body)
+    final = events[-2]["usage"]["completion_tokens_details"]["reasoning_tokens"]
+    counts = [e["usage"]["completion_tokens_details"]["reasoning_tokens"] for e in events[:-2]]
+    assert counts[0] == 0  # the role chunk
+    assert counts == sorted(counts) and counts[-1] == final > 0
+    # the reasoning ends at its marker: the content's chunks count no more
+    content = [
+        e["usage"]["completion_tokens_details"]["reasoning_tokens"]
+        for e in events[:-2]
+        if e["choices"][0]["delta"].get("content")
+    ]
+    assert content and set(content[1:]) == {final}
+
+
 async def test_hidden_reasoning_hides_the_tokens_logprobs_and_ids_too(rc: httpx.AsyncClient) -> None:
     # as vLLM's server: with include_reasoning false the generated tokens' logprobs and ids would
     # spell the reasoning out, so neither is sent (the prompt's ids still are)

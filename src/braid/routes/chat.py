@@ -160,8 +160,12 @@ def choice_parsing(state: AppState, chat: ChatRequest, plan: Plan, parsers: Requ
 def _parts(
     plan: Plan, tokenizer: Tokenizer, shape: ChatShape, parsing: ChoiceParsing | None
 ) -> tuple[ChoiceRenderer, ChatEvents]:
-    if parsing is not None and not parsing.options.include_reasoning:
-        shape = attrs.evolve(shape, hide_token_data=True)
+    if parsing is not None:
+        shape = attrs.evolve(
+            shape,
+            hide_token_data=not parsing.options.include_reasoning,
+            counts_reasoning=parsing.options.count_reasoning,
+        )
     renderer = ChoiceRenderer(
         plan, tokenizer, chat_top=0 if shape.top_logprobs is None else shape.top_logprobs, parsing=parsing
     )

@@ -72,7 +72,11 @@ class StreamMerger:
         render = self.renderer.render
         for prompt_idx, output in arrivals:
             for c in render(prompt_idx, output):
-                usage = Usage(self._prompt_tokens[prompt_idx], c.completion_tokens) if continuous else None
+                usage = (
+                    Usage(self._prompt_tokens[prompt_idx], c.completion_tokens, reasoning_tokens=c.reasoning_tokens)
+                    if continuous
+                    else None
+                )
                 parts.append(chunk(c, usage))
         return b"".join(parts)
 

@@ -111,6 +111,15 @@ class ChoiceParsing:
             c.reasoning_tokens = c.parser.reasoning_tokens(c.token_ids)
         return delta
 
+    def reasoning_so_far(self, index: int) -> int | None:
+        """Streamed: how many of choice ``index``'s tokens so far are reasoning (for continuous
+        usage, as vLLM's server counts them: its parser over every token so far); None when the
+        server does not count them."""
+        if not self.options.count_reasoning:
+            return None
+        c = self._choices[index]
+        return c.parser.reasoning_tokens(c.token_ids)
+
     def gather(self, index: int, text: str, token_ids: Sequence[int]) -> None:
         """Whole mode: keep a delta of choice ``index`` for :meth:`whole`."""
         c = self._choices[index]

@@ -276,6 +276,9 @@ class ChoiceRenderer:
                     completion_tokens=state.tokens,
                     parsed=parsed,
                     whole=whole,
+                    reasoning_tokens=parsing.reasoning_so_far(index)
+                    if parsing is not None and parsing.stream and plan.continuous_usage
+                    else None,
                 )
             )
         return chunks

@@ -42,6 +42,8 @@ class ChatShape:
     hide_token_data: bool = False
     """Reasoning hidden (``include_reasoning`` false through a parser): the generated tokens'
     logprobs and ids are not shown either (they would spell it out), as vLLM's server does."""
+    counts_reasoning: bool = False
+    """Through a reasoning parser: continuous usage reports reasoning tokens (0 on a role chunk)."""
 
 
 @attrs.frozen
@@ -110,7 +112,8 @@ def _message(role: str, echo: str, text: str, whole: ParsedOutput | None) -> dic
 
 
 def _usage(usage: Usage) -> dict[str, object]:
-    return {**usage.as_dict(), "completion_tokens_details": None}
+    details = None if usage.reasoning_tokens is None else {"reasoning_tokens": usage.reasoning_tokens}
+    return {**usage.as_dict(), "completion_tokens_details": details}
 
 
 @attrs.define
@@ -136,7 +139,9 @@ class ChatEvents:
     def _opening_usage(self, prompt_idx: int) -> Usage | None:
         if not self.prompts.continuous_usage:
             return None
-        return Usage(len(self.prompts.token_ids[prompt_idx]), 0)
+        return Usage(
+            len(self.prompts.token_ids[prompt_idx]), 0, reasoning_tokens=0 if self.shape.counts_reasoning else None
+        )
 
     def opening(self) -> bytes:
         """Every choice's role chunk, then its echo chunk: what vLLM sends on the first output."""

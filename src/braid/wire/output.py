@@ -104,6 +104,8 @@ class ChoiceChunk:
     prompt_logprobs: tuple[dict[str, dict[str, object]] | None, ...] | None
     completion_tokens: int
     """The choice's completion tokens so far (for continuous usage)."""
+    reasoning_tokens: int | None = None
+    """How many of those are reasoning (continuous usage through a reasoning parser); None: not counted."""
     parsed: ParsedDelta | None = None
     """A streamed choice's parsed delta (content, reasoning, call pieces: :mod:`braid.stream.parse`),
     which the route writes in place of ``text``; None when the request is not parsed."""
