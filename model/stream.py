@@ -144,6 +144,13 @@ def _parsing(trace: Trace) -> dict[str, Any] | None:
     return parsing
 
 
+def _token_data_hidden(trace: Trace) -> bool:
+    """Chat through parsers with the reasoning hidden: the tokens' logprobs are hidden too (they
+    would spell the reasoning out), as vLLM's server hides them."""
+    parsing = _parsing(trace)
+    return parsing is not None and not parsing["include_reasoning"]
+
+
 def _num_prompts(trace: Trace) -> int:
     """The engine prompts of the request: its prompts, or a chat request's conversations."""
     req = trace["request"]
@@ -709,7 +716,7 @@ def all_or_nothing(trace: Trace) -> Iterable[str]:
             yield f"choice {j}: the engine never finished it"
         elif _parsing(trace) is None and c.get("finish_reason") != fin:
             yield f"choice {j}: finish_reason {c.get('finish_reason')!r}, engine said {fin!r}"
-        if req["logprobs"] is not None:
+        if req["logprobs"] is not None and not _token_data_hidden(trace):
             lp = c.get("logprobs") or {}
             ntok = sum(e["lp_tokens"] for e in exp)
             got = len(lp.get("content") or ()) if chat else len(lp.get("tokens", ()))
@@ -744,7 +751,7 @@ def heartbeat(trace: Trace) -> Iterable[str]:
     "of its delta (plus the prompt's tokens on an echoed first chunk), and a choice's text_offsets "
     "run on from 0 across its chunks, each the previous offset plus the previous token's length; "
     "chat: a content chunk has {content: [one entry per token]}, at most top_logprobs alternatives "
-    "each, role and echo chunks none; when not requested logprobs is null.",
+    "each, role and echo chunks none; when not requested (or the reasoning is hidden) logprobs is null.",
     prefix_safe=True,
 )
 def logprobs_shape(trace: Trace) -> Iterable[str]:
@@ -786,7 +793,7 @@ def _chat_logprobs_shape(trace: Trace) -> Iterable[str]:
     ``{token, logprob, bytes, top_logprobs}`` with at most ``top_logprobs`` alternatives; role and
     echo chunks have none."""
     req = trace["request"]
-    top = req["logprobs"]
+    top = None if _token_data_hidden(trace) else req["logprobs"]
     want = expected_chunks(trace)
     for j, parts in chat_parts(trace).items():
         exp = want.get(j, [])
