@@ -224,6 +224,9 @@ async def test_reasoning_without_tools_is_parsed_too(rc: httpx.AsyncClient) -> N
     assert (await post(rc, plain))["choices"][0]["message"]["reasoning"] == "It is sunny."
     off = (await post(rc, {**plain, "chat_template_kwargs": {"enable_thinking": False}}))["choices"][0]["message"]
     assert (off["reasoning"], off["content"]) == (None, "It is sunny.")
+    # and reasoning_effort "none" turns thinking off as vLLM's does (enable_thinking false)
+    effort = (await post(rc, {**plain, "reasoning_effort": "none"}))["choices"][0]["message"]
+    assert (effort["reasoning"], effort["content"]) == (None, "It is sunny.")
 
 
 async def test_tool_choice_none_leaves_a_call_as_text(nursery: trio.Nursery) -> None:

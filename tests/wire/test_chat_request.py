@@ -111,3 +111,31 @@ def test_a_server_without_a_tool_parser_refuses_what_needs_one(tool_choice: obje
     assert chat(body, HERMES).tool_choice.parses
     # "none" needs no parser: the tools go to the template, and nothing is parsed
     assert not chat({"tools": TOOLS, "tool_choice": "none"}, ParserOptions()).tool_choice.parses
+
+
+def test_reasoning_effort_turns_thinking_on_or_off_as_vllms() -> None:
+    # vLLM 0.32 adds reasoning_effort and enable_thinking (unless the kwargs set it) to the
+    # template's variables, and hands its parsers those with the template fields
+    assert chat({}).chat_template_kwargs == {"add_generation_prompt": True, "continue_final_message": False}
+    high = chat({"reasoning_effort": "high", "chat_template_kwargs": {"x": 1}})
+    assert high.template.kwargs == {"x": 1, "reasoning_effort": "high", "enable_thinking": True}
+    assert high.chat_template_kwargs == {
+        "x": 1,
+        "add_generation_prompt": True,
+        "continue_final_message": False,
+        "reasoning_effort": "high",
+        "enable_thinking": True,
+    }
+    assert chat({"reasoning_effort": "none"}).template.kwargs["enable_thinking"] is False
+    kept = chat({"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}})
+    assert kept.template.kwargs["enable_thinking"] is True and kept.chat_template_kwargs["enable_thinking"] is True
+    # the request's fields win over the same keys in chat_template_kwargs, as vLLM merges them
+    over = chat({"add_generation_prompt": False, "chat_template_kwargs": {"add_generation_prompt": True}})
+    assert over.chat_template_kwargs["add_generation_prompt"] is False
+
+
+@pytest.mark.parametrize("effort", ["extreme", 3, ""])
+def test_a_reasoning_effort_not_of_vllms_is_a_schema_error(effort: object) -> None:
+    with pytest.raises(InvalidRequest) as exc:
+        chat({"reasoning_effort": effort})
+    assert exc.value.param == "body.reasoning_effort"

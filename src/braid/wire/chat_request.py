@@ -52,6 +52,7 @@ class ChatBody(SamplingBody, frozen=True):
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     include_reasoning: bool = True
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
 
 
 _DECODER = msgspec.json.Decoder(ChatBody)
@@ -103,8 +104,8 @@ class ChatRequest:
     tool_choice: ToolChoice = ToolChoice()
     include_reasoning: bool = True
     """False: the reasoning is parsed out and dropped (vLLM's field)."""
-    chat_template_kwargs: dict[str, Any] | None = None
-    """As the body has it (the parsers see it too: some read ``enable_thinking``)."""
+    chat_template_kwargs: dict[str, Any] = attrs.field(factory=dict)
+    """What vLLM hands its parsers (:func:`_parser_kwargs`; some read ``enable_thinking``)."""
 
     @property
     def model(self) -> str | None:
@@ -132,6 +133,30 @@ def _check_chat(b: ChatBody, *, trust_template: bool) -> None:
             "Chat template is passed with request, but --trust-request-chat-template is not set. "
             "Refused request with untrusted chat template."
         )
+
+
+def _thinking(b: ChatBody) -> dict[str, Any]:
+    """What ``reasoning_effort`` adds to the template's variables, as vLLM 0.32 adds it: the effort
+    itself, and ``enable_thinking`` (false for ``"none"``) unless ``chat_template_kwargs`` sets it."""
+    if b.reasoning_effort is None:
+        return {}
+    extra: dict[str, Any] = {"reasoning_effort": b.reasoning_effort}
+    if "enable_thinking" not in (b.chat_template_kwargs or {}):
+        extra["enable_thinking"] = b.reasoning_effort != "none"
+    return extra
+
+
+def _parser_kwargs(b: ChatBody) -> dict[str, Any]:
+    """The template kwargs vLLM's server gives its tool and reasoning parsers (its
+    ``_effective_chat_template_kwargs``): the request's ``chat_template_kwargs`` under the
+    request's own template fields, those that are set (not None or ``"auto"``)."""
+    extra: dict[str, Any] = {
+        "add_generation_prompt": b.add_generation_prompt,
+        "continue_final_message": b.continue_final_message,
+        "documents": b.documents,
+        **_thinking(b),
+    }
+    return {**(b.chat_template_kwargs or {}), **{k: v for k, v in extra.items() if v is not None and v != "auto"}}
 
 
 _NO_PARSERS = ParserOptions()
@@ -241,7 +266,11 @@ def parse_chat(
         add_generation_prompt=b.add_generation_prompt,
         continue_final_message=b.continue_final_message,
         chat_template=b.chat_template,
-        kwargs={**(b.chat_template_kwargs or {}), **({"documents": b.documents} if b.documents else {})},
+        kwargs={
+            **(b.chat_template_kwargs or {}),
+            **({"documents": b.documents} if b.documents else {}),
+            **_thinking(b),
+        },
         tools=None,  # below, once tool_choice is known
     )
     max_tokens = b.max_completion_tokens if b.max_completion_tokens is not None else b.max_tokens
@@ -281,7 +310,7 @@ def parse_chat(
         tools=tools,
         tool_choice=tool_choice,
         include_reasoning=b.include_reasoning,
-        chat_template_kwargs=b.chat_template_kwargs,
+        chat_template_kwargs=_parser_kwargs(b),
     )
 
 
