@@ -212,6 +212,20 @@ async def test_hidden_reasoning_hides_the_tokens_logprobs_and_ids_too(rc: httpx.
     assert len(chunks) < len(shown["token_ids"])
 
 
+async def test_hidden_reasoning_deltas_say_reasoning_null(rc: httpx.AsyncClient) -> None:
+    # as vLLM's parser leaves them: with include_reasoning false, each delta with content (or call
+    # pieces) carries "reasoning": null; the role chunk and the finish chunk do not
+    body = {"messages": say(THINK + "It is sunny."), "max_tokens": 200, "stream": True}
+    hidden = [
+        c["delta"] for e in await post(rc, {**body, "include_reasoning": False}) if e != "[DONE]" for c in e["choices"]
+    ]
+    said = [d for d in hidden if d.get("content")]
+    assert said and all("reasoning" in d and d["reasoning"] is None for d in said)
+    assert not any("reasoning" in d for d in hidden if not d.get("content"))
+    shown = [c["delta"] for e in await post(rc, body) if e != "[DONE]" for c in e["choices"]]
+    assert not any("reasoning" in d and d["reasoning"] is None for d in shown)
+
+
 async def test_reasoning_without_tools_is_parsed_too(rc: httpx.AsyncClient) -> None:
     body = {"messages": say(THINK + "It is sunny."), "max_tokens": 200}
     message = (await post(rc, body))["choices"][0]["message"]

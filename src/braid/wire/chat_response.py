@@ -68,15 +68,19 @@ def _content(fragments: Sequence[LogprobsFragment | ChatLogprobs]) -> list[dict[
     return out
 
 
-def _delta(p: ParsedDelta) -> dict[str, object]:
+def _delta(p: ParsedDelta, *, hidden_reasoning: bool = False) -> dict[str, object]:
     """A parsed delta in vLLM's ``DeltaMessage`` field order, its empty parts left out. A call's
     first piece (the one with its id or name) is whole-shaped; later pieces carry only the
-    next fragment of its arguments."""
+    next fragment of its arguments. ``hidden_reasoning`` (``include_reasoning`` false): a delta
+    with content or call pieces says ``"reasoning": null``, as vLLM's parser sets it on every
+    delta it returns then."""
     delta: dict[str, object] = {}
     if p.content:
         delta["content"] = p.content
     if p.reasoning:
         delta["reasoning"] = p.reasoning
+    elif hidden_reasoning and (p.content or p.tool_calls):
+        delta["reasoning"] = None
     if p.tool_calls:
         delta["tool_calls"] = [
             {
@@ -167,7 +171,9 @@ class ChatEvents:
     def chunk(self, c: ChoiceChunk, usage: Usage | None) -> bytes:
         choice: dict[str, object] = {
             "index": c.index,
-            "delta": {"content": c.text} if c.parsed is None else _delta(c.parsed),
+            "delta": {"content": c.text}
+            if c.parsed is None
+            else _delta(c.parsed, hidden_reasoning=self.shape.hide_token_data),
             "logprobs": None if c.logprobs is None else {"content": c.logprobs},
             "finish_reason": c.finish_reason,
             "token_ids": c.token_ids,
