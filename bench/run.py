@@ -22,7 +22,18 @@ from pathlib import Path
 
 from bench.common import ROOT, Section
 
-SECTIONS = ("serving", "batch", "abort", "ceiling", "slow_readers", "stall", "admission", "load", "sizing")
+SECTIONS = (
+    "serving",
+    "chat_tools",
+    "batch",
+    "abort",
+    "ceiling",
+    "slow_readers",
+    "stall",
+    "admission",
+    "load",
+    "sizing",
+)
 
 
 def _versions() -> str:

@@ -143,18 +143,18 @@ def alternating_runs(
     prompts: dict[int, int],
     rounds: int,
     between_rounds: Callable[[int], None] | None = None,
+    kinds: Sequence[str] = ("braid", "vllm"),
 ) -> dict[str, dict[int, list[dict[str, Any]]]]:
-    """``rounds`` rounds of ``vllm bench serve`` runs on ``servers["braid"]`` and ``servers["vllm"]``:
-    round 0 runs braid then vLLM at each concurrency, round 1 vLLM then braid, and so on;
-    ``between_rounds(r)`` after round r. ``argv(kind, concurrency, prompts, tag)`` makes a run's
-    flags. Each result (``runs[kind][concurrency]``, one per round) gets ``cpu``: the CPU seconds
-    of the load generator, the server's process and its EngineCore over the run. A run with a
-    failed or missing request raises RuntimeError."""
-    runs: dict[str, dict[int, list[dict[str, Any]]]] = {
-        kind: {c: [] for c in concurrencies} for kind in ("braid", "vllm")
-    }
+    """``rounds`` rounds of ``vllm bench serve`` runs on ``servers[kind]`` for each of ``kinds``
+    (by default braid and vLLM): round 0 runs the kinds in their order at each concurrency
+    (braid then vLLM), round 1 in the reverse order, and so on; ``between_rounds(r)`` after
+    round r. ``argv(kind, concurrency, prompts, tag)`` makes a run's flags. Each result
+    (``runs[kind][concurrency]``, one per round) gets ``cpu``: the CPU seconds of the load
+    generator, the server's process and its EngineCore over the run. A run with a failed or
+    missing request raises RuntimeError."""
+    runs: dict[str, dict[int, list[dict[str, Any]]]] = {kind: {c: [] for c in concurrencies} for kind in kinds}
     for r in range(rounds):
-        order = ("braid", "vllm") if r % 2 == 0 else ("vllm", "braid")
+        order = tuple(kinds) if r % 2 == 0 else tuple(reversed(kinds))
         for c in concurrencies:
             for kind in order:
                 pids = (bench_worker.proc.pid, servers[kind].pid, engine_pids[kind])

@@ -211,17 +211,22 @@ def bench_serve_argv(
     output_len: int,
     seed: int,
     result_name: str | None = None,
+    backend: str = "openai",
+    endpoint: str = "/v1/completions",
+    extra_body: Mapping[str, Any] | None = None,
 ) -> list[str]:
-    """The ``vllm bench serve`` flags of the serving section (one run)."""
+    """The ``vllm bench serve`` flags of the serving section (one run). ``backend`` and
+    ``endpoint``: ``openai-chat`` and ``/v1/chat/completions`` for streamed chat;
+    ``extra_body``: fields added to every request's body (``--extra-body``)."""
     from tools.servers import SERVED_NAME
 
     argv = [
         "--backend",
-        "openai",
+        backend,
         "--base-url",
         base_url,
         "--endpoint",
-        "/v1/completions",
+        endpoint,
         "--model",
         SERVED_NAME,
         "--tokenizer",
@@ -249,6 +254,8 @@ def bench_serve_argv(
         "50,99",
         "--disable-tqdm",
     ]
+    if extra_body:
+        argv += ["--extra-body", json.dumps(extra_body)]
     if result_name:
         argv += ["--save-result", "--result-dir", str(WORK / "results"), "--result-filename", result_name]
     return argv
