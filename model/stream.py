@@ -1170,32 +1170,60 @@ def tool_calls_finish(trace: Trace) -> Iterable[str]:
                 yield f"choice {j}: finish_reason {c.get('finish_reason')!r}, expected {want!r} (engine: {fin!r}, called: {called})"
 
 
-def check_server(traces: list[Trace], max_in_flight: int) -> list[Violation]:
+def check_server(traces: list[Trace], max_in_flight: int, reserve: int = 0) -> list[Violation]:
     """Admission's server-wide rules over the traces of every request of one run (one ``seq``).
+
+    A request's priority is its ``request.priority`` (vLLM's field: lower is earlier; absent: 0).
 
     * A1 (slot bound): the slots granted and not yet released, summed over all requests, never
       exceed ``max_in_flight`` (when it is not 0).
     * A2 (round-robin): while a request waits for a grant (from its ``slot_ask`` to its
-      ``slot_grant``), no other request is granted slots twice. So a request's wait is bounded by
-      the number of requests admitted ahead of it, not by their prompt counts.
+      ``slot_grant``), no other request of the same or a worse priority is granted slots twice.
+      So a request's wait is bounded by the number of requests of its priority admitted ahead of
+      it, not by their prompt counts (better priorities may pass it any number of times).
+    * A3 (priority): a request is granted slots only when every request of a better priority
+      that waits could not take them: its ask is more than the free slots (less the ``reserve``
+      when it holds slots already: the reserve is for requests holding none).
     """
     merged = sorted(
         ((r, i) for i, t in enumerate(traces) for r in t["records"] if r["kind"].startswith("slot_")),
         key=lambda x: x[0]["seq"],
     )
+    priority = [int(t.get("request", {}).get("priority") or 0) for t in traces]
     out: list[Violation] = []
     held = 0
+    holds = [0] * len(traces)
+    asks: dict[int, int] = {}  # request -> the slots of its pending ask
     waiting: dict[int, dict[int, int]] = {}  # request -> grants to each other request since its ask
     for r, i in merged:
         kind = r["kind"]
         if kind == "slot_grant":
+            if max_in_flight:
+                free = max_in_flight - held
+                for j, want in asks.items():
+                    if j == i or priority[j] >= priority[i] or j not in waiting:
+                        continue
+                    room = free - (reserve if holds[j] else 0)
+                    if want <= room:
+                        out.append(
+                            Violation(
+                                -4,
+                                "priority",
+                                f"seq {r['seq']}: request {i} (priority {priority[i]}) was granted slots "
+                                f"while request {j} (priority {priority[j]}) waited for {want} of {room} free",
+                            )
+                        )
             held += r["slots"]
+            holds[i] += r["slots"]
             if max_in_flight and held > max_in_flight:
                 out.append(
                     Violation(-2, "slot_bound", f"seq {r['seq']}: {held} slots granted, the server has {max_in_flight}")
                 )
             waiting.pop(i, None)
+            asks.pop(i, None)
             for j, seen in waiting.items():
+                if priority[i] < priority[j]:
+                    continue  # a better priority may pass
                 seen[i] = seen.get(i, 0) + 1
                 if seen[i] == 2:
                     out.append(
@@ -1207,10 +1235,13 @@ def check_server(traces: list[Trace], max_in_flight: int) -> list[Violation]:
                     )
         elif kind == "slot_release":
             held -= r["slots"]
+            holds[i] -= r["slots"]
         elif kind == "slot_ask":
             waiting[i] = {}
+            asks[i] = r["slots"]
         elif kind == "slot_cancel":
             waiting.pop(i, None)
+            asks.pop(i, None)
     return out
 
 

@@ -153,6 +153,8 @@ class Scenario:
     stall_timeout: float = 30.0
     buffer: int = 64
     # admission (one request alone; the stateful test shares one admission between requests)
+    priority: int = 0
+    """vLLM's ``priority`` (lower is earlier): the request's place in admission's order."""
     max_in_flight: int = 0
     reserve: int = 0
 
@@ -192,6 +194,8 @@ class Scenario:
             body.update(logprobs=True, top_logprobs=self.logprobs)
         if self.seed is not None:
             body["seed"] = self.seed
+        if self.priority:
+            body["priority"] = self.priority
         if self.parser is not None:
             body.update(tools=TOOLS, tool_choice=self.tool_choice)
             if not self.parallel:
@@ -215,6 +219,7 @@ class Scenario:
             "logprobs": self.logprobs,
             "include_usage": self.stream and self.include_usage,
             "continuous_usage": self.stream and self.include_usage and self.continuous_usage,
+            "priority": self.priority,
         }
         if self.chat is not None:
             req["conversations"] = self.conversations if self.chat == "batch" else self.conversations[:1]

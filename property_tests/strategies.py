@@ -185,4 +185,5 @@ def scenarios(
         # n <= 4 (drawn above), so every request fits the slots
         max_in_flight=(slots := draw(st.sampled_from([0, 4, 5, 8]))),
         reserve=draw(st.sampled_from([0, 1])) if slots else 0,
+        priority=draw(st.sampled_from([0, 0, 0, -1, 2])),
     )

@@ -1,4 +1,5 @@
-"""The admission (braid.stream.admit) against the model's round-robin rule A2, on one found case.
+"""The admission (braid.stream.admit) against the model's server rules: one found case of A2,
+then a property over any interleaving of requests with priorities (A1-A3).
 
 A ticket that had released every slot it held used to look like a newcomer to
 ``Admission._grant`` (it tested ``ticket.holds``, not whether it was ever granted slots), so the
@@ -11,10 +12,14 @@ ticket never granted anything (``Ticket.started``).
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import trio
 import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
 
+from braid.errors import TooManyRequests
 from braid.stream.admit import Admission, Ticket
 from model import check_server
 
@@ -46,4 +51,80 @@ def test_a_reserve_newcomer_passes_a_waiting_request_once() -> None:
     trio.run(main)
     traces = [{"records": records[k]} for k in ("A", "B")]
     violations = check_server(traces, 4)  # type: ignore[arg-type]
+    assert not violations, "\n".join(map(str, violations))
+
+
+# The admission alone, under any interleaving of requests with priorities: every request asks for
+# one prompt's slots at a time (as a run does), and prompts end in any order.
+
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("admit"), st.sampled_from([0, -1, 1, 2]), st.just(0)),
+        st.tuples(st.just("ask"), st.integers(0, 5), st.sampled_from([1, 1, 2, 3])),
+        st.tuples(st.just("ask"), st.integers(0, 5), st.just(1)),
+        st.tuples(st.just("release"), st.integers(0, 5), st.integers(0, 3)),
+        st.tuples(st.just("close"), st.integers(0, 5), st.just(0)),
+    ),
+    min_size=12,
+    max_size=60,
+)
+
+
+@given(ops=_OPS, slots=st.sampled_from([3, 4]), reserve=st.sampled_from([0, 1]))
+def test_admission_alone_follows_the_server_rules(ops: list[tuple], slots: int, reserve: int) -> None:
+    """A1 (slot bound), A2 (round-robin within a priority) and A3 (a better priority that could
+    take the slots is never passed), on the admission's own records, for any sequence of
+    admits (with priorities), asks, releases of a prompt's slots and closes."""
+    seq = itertools.count()
+    traces: list[dict[str, Any]] = []
+    owner: dict[int, int] = {}
+    adm = Admission(slots=slots, reserve=reserve)
+
+    def observe(kind: str, ticket: Ticket, cost: int) -> None:
+        traces[owner[id(ticket)]]["records"].append({"seq": next(seq), "t": 0.0, "kind": f"slot_{kind}", "slots": cost})
+
+    adm.observer = observe
+    tickets: list[Ticket] = []
+    granted: list[list[int]] = []  # per ticket: the slots of each prompt it runs now
+    asking: set[int] = set()
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+
+            async def ask(i: int, cost: int) -> None:
+                asking.add(i)
+                try:
+                    await tickets[i].acquire(cost)
+                    granted[i].append(cost)
+                finally:
+                    asking.discard(i)
+
+            for op, a, b in ops:
+                if op == "admit":
+                    try:
+                        t = adm.admit()
+                    except TooManyRequests:
+                        continue
+                    t.prioritize(a)
+                    owner[id(t)] = len(tickets)
+                    tickets.append(t)
+                    granted.append([])
+                    traces.append({"request": {"priority": a}, "records": []})
+                elif not tickets:
+                    continue
+                else:
+                    i = a % len(tickets)
+                    t = tickets[i]
+                    if op == "ask" and not t.closed and i not in asking and b <= slots:
+                        nursery.start_soon(ask, i, b)
+                    elif op == "release" and granted[i]:
+                        t.release(granted[i].pop(b % len(granted[i])))
+                    elif op == "close" and i not in asking:
+                        t.close()
+                        granted[i].clear()
+                await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    violations = check_server(traces, slots, reserve)
     assert not violations, "\n".join(map(str, violations))

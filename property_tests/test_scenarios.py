@@ -17,7 +17,7 @@ from property_tests.strategies import SAYS, scenarios
 
 def assert_model(s: Scenario) -> dict:
     trace, engine = run_scenario(s)
-    violations = check_trace(trace) + check_server([trace], s.max_in_flight)
+    violations = check_trace(trace) + check_server([trace], s.max_in_flight, s.reserve)
     if violations:
         note(f"scenario: {s!r}")
         for r in trace["records"][:200]:

@@ -33,6 +33,7 @@ from property_tests.strategies import scenarios
 
 SLOTS = 4
 """The server's engine slots: fewer than the prompts the requests bring, so they queue (n <= 4 fits)."""
+RESERVE = 1
 
 
 class ConcurrentRequests(RuleBasedStateMachine):
@@ -40,7 +41,7 @@ class ConcurrentRequests(RuleBasedStateMachine):
         super().__init__()
         self.clock = trio.testing.MockClock()  # autojump off: time moves only in advance()
         self.engine = RecordingEngine(ScriptedEngine(token_delay=0.5))
-        self.admission = RecordingAdmission(slots=SLOTS, reserve=1)
+        self.admission = RecordingAdmission(slots=SLOTS, reserve=RESERVE)
         self.seq = itertools.count()
         self.requests: list[tuple[Recorder, Stop]] = []
         self.ended: set[int] = set()
@@ -126,7 +127,7 @@ class ConcurrentRequests(RuleBasedStateMachine):
                 trace = rec.trace()
                 bad = [v for v in check_trace(trace) if v.name in PREFIX_SAFE]
                 assert not bad, "\n".join(map(str, bad))
-            server = check_server([rec.trace() for rec, _ in self.requests], SLOTS)
+            server = check_server([rec.trace() for rec, _ in self.requests], SLOTS, RESERVE)
             assert not server, "\n".join(map(str, server))
             assert self.engine.inner.in_flight <= SLOTS
             aborted = self.engine.inner.aborted_ids
@@ -171,7 +172,7 @@ class ConcurrentChatRequests(ConcurrentRequests):
 
     def __init__(self) -> None:
         super().__init__()
-        self.admission = RecordingAdmission(slots=SLOTS, reserve=1)  # before any request opens
+        self.admission = RecordingAdmission(slots=SLOTS, reserve=RESERVE)  # before any request opens
 
     @rule(s=scenarios(max_prompts=8, chat=True))
     def open_chat_request(self, s) -> None:  # type: ignore[no-untyped-def]

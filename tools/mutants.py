@@ -422,6 +422,19 @@ MUTANTS = [
         (("            tool_calls=calls,\n        )", "            tool_calls=(),\n        )"),),
         "a whole response's message loses its tool calls",
     ),
+    # Priority (issue 28): A2 and A3 of model/stream.py's check_server.
+    Mutant(
+        "priority_ignored",
+        "stream/admit.py",
+        (("        self.priority = priority\n", "        self.priority = 0\n"),),
+        "a request's priority never reaches admission: every request waits in one ring",
+    ),
+    Mutant(
+        "priority_reversed",
+        "stream/admit.py",
+        (("            for ring in self._ring.levels():", "            for ring in reversed(self._ring.levels()):"),),
+        "admission serves the worst priority first",
+    ),
 ]
 
 

@@ -95,6 +95,7 @@ GIVEN: list[tuple[list[str], type[Any], str, Any]] = [
     (["--tensor-parallel-size", "2"], EngineOptions, "tensor_parallel_size", 2),
     (["--distributed-executor-backend", "mp"], EngineOptions, "distributed_executor_backend", "mp"),
     (["--seed", "5"], EngineOptions, "seed", 5),
+    (["--scheduling-policy", "priority"], EngineOptions, "scheduling_policy", "priority"),
     (
         ["--engine-arg", "enforce_eager=true", "--engine-arg", "x=y"],
         EngineOptions,

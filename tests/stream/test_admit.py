@@ -56,6 +56,48 @@ async def test_freed_slots_go_round_robin_not_by_prompt() -> None:
     assert log == ["big", "a", "b", "big", "big"]
 
 
+async def test_a_better_priority_is_granted_first_and_equal_ones_share_a_ring() -> None:
+    adm = Admission(slots=1)
+    holder = adm.admit()
+    await holder.acquire(1)
+    log: list[str] = []
+    async with trio.open_nursery() as nursery:
+        tickets = {}
+        for name, priority in (("late", 5), ("batch", 0), ("urgent", -1), ("other", 0)):
+            t = tickets[name] = adm.admit()
+            t.prioritize(priority)
+            await _acquire_in_order(nursery, t, 1, log, name, times=2 if name == "batch" else 1)
+        assert adm.waiting == 4
+        while len(log) < 5:
+            (holder if holder.holds else next(t for t in tickets.values() if t.holds)).release(1)
+            await trio.testing.wait_all_tasks_blocked()
+    # urgent first; the two at 0 take turns (the batch's second prompt goes behind "other");
+    # the worse priority waits for both
+    assert log == ["urgent", "batch", "other", "batch", "late"]
+    assert adm.waiting == 0
+
+
+async def test_a_worse_priority_never_passes_a_better_one_that_does_not_fit_yet() -> None:
+    adm = Admission(slots=2)
+    first = adm.admit()
+    await first.acquire(1)
+    log: list[str] = []
+    async with trio.open_nursery() as nursery:
+        wide = adm.admit()
+        wide.prioritize(0)
+        await _acquire_in_order(nursery, wide, 2, log, "wide")  # n=2: needs both slots
+        cheap = adm.admit()
+        cheap.prioritize(1)
+        await _acquire_in_order(nursery, cheap, 1, log, "cheap")
+        assert log == [] and adm.in_use == 1  # a slot is free, but the better request waits for two
+        first.release(1)
+        await trio.testing.wait_all_tasks_blocked()
+        assert log == ["wide"]
+        wide.release(2)
+        await trio.testing.wait_all_tasks_blocked()
+    assert log == ["wide", "cheap"]
+
+
 async def test_the_head_is_not_skipped_for_a_cheaper_prompt() -> None:
     adm = Admission(slots=4)
     first = adm.admit()

@@ -41,6 +41,7 @@ _VLLM_FIELDS = (
     "tensor_parallel_size",
     "distributed_executor_backend",
     "seed",
+    "scheduling_policy",
 )
 """The fields that are vLLM engine arguments of the same name, passed on when set."""
 
@@ -68,6 +69,9 @@ class EngineOptions:
     tensor_parallel_size: int | None = None
     distributed_executor_backend: str | None = None
     seed: int | None = None
+    scheduling_policy: str | None = None
+    """vLLM's ``--scheduling-policy``: ``priority`` makes the engine order its queue by each
+    request's ``priority`` too (braid's admission orders by it either way)."""
     engine_args: tuple[tuple[str, Any], ...] = attrs.field(default=(), converter=_pairs)
     """Any other AsyncEngineArgs field, as (name, value); these win over the fields above."""
     engine_client: EngineClient = attrs.field(default="trio", validator=attrs.validators.in_(ENGINE_CLIENTS))

@@ -331,6 +331,15 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     add_field_option(
         e,
         EngineOptions,
+        "scheduling_policy",
+        "--scheduling-policy",
+        choices=("fcfs", "priority"),
+        help="priority: the engine orders its waiting requests by their priority field too, and may "
+        "preempt a running one for a better one (braid's admission orders by priority either way)",
+    )
+    add_field_option(
+        e,
+        EngineOptions,
         "engine_args",
         "--engine-arg",
         type=engine_arg,

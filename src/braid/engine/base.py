@@ -95,6 +95,9 @@ class ModelInfo:
     reserved_seqs: int = 0
     """Of ``max_num_seqs``, how many braid added for requests waiting for their first slot
     (``braid.stream.admit``'s reserve); the rest is what the operator asked for."""
+    priority_scheduling: bool = False
+    """The engine orders its waiting requests by priority (vLLM's ``--scheduling-policy
+    priority``): requests carry theirs to it. Otherwise only braid's admission uses them."""
 
 
 class PassThrough(msgspec.Struct, frozen=True):
@@ -175,6 +178,7 @@ class EngineRequest:
     params: SamplingParams
     prompt_text: str | None = None
     final_only: bool = False  # only the finished result is needed (see the module docstring)
+    priority: int = 0  # the engine's order among waiting requests, when it schedules by priority
 
 
 @attrs.frozen

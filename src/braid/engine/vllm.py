@@ -120,7 +120,7 @@ class VllmEngine:
         llm = self.llm
 
         def start() -> AsyncIterator[Any]:
-            return llm.generate(prompt, params, request.request_id)
+            return llm.generate(prompt, params, request.request_id, priority=request.priority)
 
         async with self.bridge.open_stream(start, map_error) as stream:
             agen = engine_outputs(stream.receive_batch, fail_after(request, self.fault_hooks), observe)
@@ -235,7 +235,10 @@ async def _open_asyncllm(kwargs: dict[str, Any], make_info: Any, fault_hooks: bo
         _freeze_vllm_env()
         try:
             info, tokenizer = await make_info(llm.model_config)
-            info = attrs.evolve(info, max_num_seqs=llm.vllm_config.scheduler_config.max_num_seqs)
+            scheduler = llm.vllm_config.scheduler_config
+            info = attrs.evolve(
+                info, max_num_seqs=scheduler.max_num_seqs, priority_scheduling=scheduler.policy == "priority"
+            )
             yield VllmEngine(bridge, llm, info, tokenizer, kind_cls, params_cls, fault_hooks)
         finally:
             # On the loop thread: shutdown() cancels vLLM's output handler task, which is only

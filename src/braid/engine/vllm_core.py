@@ -324,7 +324,12 @@ class VllmCoreEngine:
             if request.prompt_text is not None:
                 prompt["prompt"] = request.prompt_text
             core_request = self.input_processor.process_inputs(
-                request.request_id, prompt, params, supported_tasks=self.supported_tasks, arrival_time=time.time()
+                request.request_id,
+                prompt,
+                params,
+                supported_tasks=self.supported_tasks,
+                arrival_time=time.time(),
+                priority=request.priority,
             )
             self.input_processor.assign_request_id(core_request)
         except Exception as exc:
@@ -566,7 +571,12 @@ async def open_core_engine(
     ) = await trio.to_thread.run_sync(start)
     try:
         info, tokenizer = await make_info(config.model_config)
-        info = attrs.evolve(info, max_num_seqs=config.scheduler_config.max_num_seqs, reserved_seqs=extra)
+        info = attrs.evolve(
+            info,
+            max_num_seqs=config.scheduler_config.max_num_seqs,
+            reserved_seqs=extra,
+            priority_scheduling=config.scheduler_config.policy == "priority",
+        )
         engine = VllmCoreEngine(
             client, inputs, outputs, (), info, tokenizer, kind, params_cls, parent_cls, request_types, fault_hooks
         )

@@ -225,6 +225,7 @@ def open_run(
     """The run of a plan. ``observe(prompt_idx)``: the engine's ``observe`` hook for a prompt's
     request (a parsed chat stream's: :meth:`braid.stream.parse.ChoiceParsing.observer`)."""
     state.metrics.prompts.observe(len(plan.items))
+    ticket.prioritize(plan.priority)
     return CompletionRun(
         state.engine,
         plan,

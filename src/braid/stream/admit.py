@@ -17,6 +17,11 @@ The rules, all of them here:
   after that joins the ring at its tail. So a request's wait for its first slot is bounded by
   the number of requests ahead of it, not by their prompt counts; a large batch is served
   progressively, in prompt order, as slots free up.
+* **Priority.** There is one ring per ``priority`` (vLLM's request field: lower is earlier,
+  default 0), and the rings are served in priority order: a ticket is granted slots only when
+  no ticket of a better priority waits that could take them. Equal priorities share their ring
+  as above. There is no aging: while better priorities keep every slot busy, a worse one waits
+  (vLLM's priority scheduler does the same; ``docs/admission.md`` says why).
 * **Reserve.** The last ``reserve`` free slots go only to tickets that hold none: a newcomer
   starts at once while a large batch holds the rest, instead of waiting for a slot to free up.
   (With vLLM the engine is started with room for these; see ``docs/admission.md``.)
@@ -30,8 +35,9 @@ Nothing here runs a task: grants happen inside :meth:`Ticket.release`, :meth:`Ti
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import attrs
 import trio
@@ -47,6 +53,52 @@ def default_reserve(max_num_seqs: int) -> int:
     Enough for the requests that arrive during one wave of a large batch to start in the engine's
     next step (``docs/admission.md``); small enough that the engine's per-step cost barely moves."""
     return max(1, max_num_seqs // 16)
+
+
+@attrs.define(eq=False)
+class Rings:
+    """The waiting tickets: one round-robin ring per priority, iterated best priority first."""
+
+    _rings: dict[int, deque[Ticket]] = attrs.Factory(dict)
+    _order: list[int] = attrs.Factory(list)
+    """The priorities that have a ring, sorted (lower is earlier)."""
+
+    def __len__(self) -> int:
+        return sum(len(r) for r in self._rings.values())
+
+    def __bool__(self) -> bool:
+        return bool(self._rings)
+
+    def __iter__(self) -> Iterator[Ticket]:
+        for p in self._order:
+            yield from self._rings[p]
+
+    def append(self, ticket: Ticket) -> None:
+        """``ticket`` joins the tail of its priority's ring."""
+        ring = self._rings.get(ticket.priority)
+        if ring is None:
+            ring = self._rings[ticket.priority] = deque()
+            bisect.insort(self._order, ticket.priority)
+        ring.append(ticket)
+
+    def remove(self, ticket: Ticket) -> None:
+        ring = self._rings[ticket.priority]
+        ring.remove(ticket)
+        if not ring:
+            self._drop(ticket.priority)
+
+    def _drop(self, priority: int) -> None:
+        del self._rings[priority]
+        self._order.remove(priority)
+
+    def levels(self) -> list[deque[Ticket]]:
+        """The rings, best priority first (a copy of the list: :meth:`prune` may change it)."""
+        return [self._rings[p] for p in self._order]
+
+    def prune(self) -> None:
+        """Drop the rings a grant scan has emptied."""
+        for p in [p for p in self._order if not self._rings[p]]:
+            self._drop(p)
 
 
 @attrs.define(eq=False)
@@ -66,7 +118,7 @@ class Admission:
     """Slots granted now."""
     queued: int = 0
     """Tickets that have never held a slot (and are not closed)."""
-    _ring: deque[Ticket] = attrs.Factory(deque)
+    _ring: Rings = attrs.Factory(lambda: Rings())
 
     def admit(self) -> Ticket:
         """A ticket for one request, or :class:`TooManyRequests` when the queue is full.
@@ -118,25 +170,28 @@ class Admission:
         only by the reserve (it has been granted slots before) is passed over for newcomers behind it:
         that is what the reserve is for, and each newcomer takes at most one prompt's slots from
         it before it holds slots itself. Other tickets holding slots never pass it."""
-        ring = self._ring
-        i = 0
         passed = False  # a ticket held back by the reserve is behind us: only newcomers now
-        while i < len(ring):
-            ticket = ring[i]
-            # Only a request never granted anything may pass: one that has been, and has handed
-            # its slots back between two prompts, holds none but is no newcomer (A2: it would
-            # pass a waiting holder once per prompt).
-            if (not passed or not ticket.started) and self._fits(ticket._want, holds=ticket.holds):
-                del ring[i]
-                self._take(ticket, ticket._want)
-                ticket._want = 0
-                assert ticket._event is not None
-                ticket._event.set()
-            elif ticket._want > self.slots - self.in_use:
-                return
-            else:
-                passed = True
-                i += 1
+        try:
+            for ring in self._ring.levels():  # best priority first: a worse one never passes a better one that fits
+                i = 0
+                while i < len(ring):
+                    ticket = ring[i]
+                    # Only a request never granted anything may pass: one that has been, and has
+                    # handed its slots back between two prompts, holds none but is no newcomer
+                    # (A2: it would pass a waiting holder once per prompt).
+                    if (not passed or not ticket.started) and self._fits(ticket._want, holds=ticket.holds):
+                        del ring[i]
+                        self._take(ticket, ticket._want)
+                        ticket._want = 0
+                        assert ticket._event is not None
+                        ticket._event.set()
+                    elif ticket._want > self.slots - self.in_use:
+                        return
+                    else:
+                        passed = True
+                        i += 1
+        finally:
+            self._ring.prune()
 
     def _take(self, ticket: Ticket, cost: int) -> None:
         if self.observer is not None:
@@ -174,8 +229,16 @@ class Ticket:
     started: bool = False
     """It has held a slot (it no longer counts as queued)."""
     closed: bool = False
+    priority: int = 0
+    """The request's ``priority`` (lower is earlier): which ring it waits in. Set once the body
+    is read (:meth:`prioritize`), before its first prompt asks for slots."""
     _want: int = 0
     _event: trio.Event | None = None
+
+    def prioritize(self, priority: int) -> None:
+        """The request's priority, known once its body is read (the ticket is issued before)."""
+        assert self._want == 0 and not self.started, "a ticket's priority is set before it asks for slots"
+        self.priority = priority
 
     async def acquire(self, cost: int) -> None:
         """Wait until ``cost`` slots are granted to this ticket.
@@ -240,4 +303,4 @@ class Ticket:
         adm._grant()
 
 
-__all__ = ["Admission", "Ticket", "admission_for", "default_reserve"]
+__all__ = ["Admission", "Rings", "Ticket", "admission_for", "default_reserve"]

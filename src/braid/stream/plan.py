@@ -47,6 +47,8 @@ class Plan:
     tokens_as_ids: bool
     cached_tokens: bool = False
     """Report ``prompt_tokens_details.cached_tokens`` (the server's ``--enable-prompt-tokens-details``)."""
+    priority: int = 0
+    """The request's ``priority``: its place in admission's order (braid.stream.admit)."""
 
     @property
     def num_choices(self) -> int:
@@ -193,7 +195,15 @@ def make_plan(
             # for the completion): the echo's text_offsets count every token's text.
             echo_text = tokenizer.decode(prompt.token_ids, skip_special_tokens=False)
         text = prompt.text if isinstance(prompt, TextPrompt) else None
-        request = EngineRequest(f"{engine_prefix}-{i}", ids, item_params, text, final_only=not req.stream)
+        request = EngineRequest(
+            f"{engine_prefix}-{i}",
+            ids,
+            item_params,
+            text,
+            final_only=not req.stream,
+            # vLLM refuses a priority other than 0 unless it schedules by priority
+            priority=req.priority if info.priority_scheduling else 0,
+        )
         items.append(PlanItem(i, request, echo_text))
     return Plan(
         meta=ResponseMeta(request_id, created, info.name),
@@ -209,4 +219,5 @@ def make_plan(
         return_token_ids=req.return_token_ids,
         tokens_as_ids=req.return_tokens_as_token_ids,
         cached_tokens=cached_tokens,
+        priority=req.priority,
     )

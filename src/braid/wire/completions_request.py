@@ -92,6 +92,8 @@ class CompletionRequest:
     max_tokens_param: str = "max_tokens"
     """The body field that set ``max_tokens``, named by the 400s about it (chat's is
     ``max_completion_tokens``, whichever of its two fields was sent, as vLLM names it)."""
+    priority: int = 0
+    """vLLM's ``priority`` (lower is earlier): orders braid's admission (braid.stream.admit)."""
 
 
 def _bad(message: str, param: str | None = None) -> InvalidRequest:
@@ -255,4 +257,5 @@ def build_request(
         truncation_side=b.truncation_side,
         request_id=b.request_id,
         max_tokens_param=max_tokens_param,
+        priority=b.priority,
     )

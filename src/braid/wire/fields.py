@@ -250,7 +250,7 @@ def check_fields(b: SamplingBody, limits: Limits, *, echo: bool = False, logprob
     ``echo`` and ``logprobs`` are the request's own (the routes' fields of those names differ in
     type): ``echo`` lets ``max_tokens`` be 0; ``logprobs``, the number of alternatives per
     sampled token, is bounded as ``prompt_logprobs`` is. Checked here: the refused fields
-    (:data:`UNSUPPORTED`, ``best_of`` other than ``n``, ``priority``), ``stream_options`` without
+    (:data:`UNSUPPORTED`, ``best_of`` other than ``n``), ``stream_options`` without
     ``stream``, every numeric range vLLM checks, and every cap of ``limits``.
     """
     for name, message in UNSUPPORTED.items():
@@ -261,8 +261,6 @@ def check_fields(b: SamplingBody, limits: Limits, *, echo: bool = False, logprob
             raise _bad(message, name)
     if b.best_of is not None and b.best_of != b.n:
         raise _bad("best_of is not supported by braid (it must equal n when given).", "best_of")
-    if b.priority != 0:
-        raise _bad("priority scheduling is not enabled; priority must be 0.", "priority")
     so = b.stream_options
     if (
         so is not None
