@@ -54,7 +54,7 @@ parity-report: install
 	BRAID_PARITY_REPORT=docs/parity.md $(BIN)/python -m pytest -q tests/parity
 
 # Benchmarks (issue 6): braid vs vLLM's own server vs the engine alone, written to
-# docs/benchmarks.md with plots in docs/bench/. About 20 minutes; BENCH_ARGS=--quick for a smoke run.
+# docs/benchmarks.md with plots in docs/bench/. About 25 minutes; BENCH_ARGS=--quick for a smoke run.
 # The front-end ceiling needs wrk (Debian: apt-get install wrk).
 BENCH_ARGS ?=
 .PHONY: bench
