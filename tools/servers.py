@@ -29,10 +29,21 @@ from braid.engine.vllm_common import CPU_ENGINE_ARGS, CPU_ENVIRONMENT, OFFLINE_E
 
 SERVED_NAME = "braid-tiny"
 
-TOOL_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "pythonic")
-"""The tool-call flags of the vLLM tier's braid and of vLLM's parity server (the same on both, so
-every tier shares one server each): pythonic's format is plain text the tiny model's tokenizer
-has, and its ``required`` and named choices are JSON schemas, which the CPU engine runs."""
+TOOL_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "pythonic", "--reasoning-parser", "gemma4")
+"""The tool-call and reasoning flags of the vLLM tier's braid and of vLLM's parity server (the same
+on both, so every tier shares one server each): pythonic's format is plain text the tiny model's
+tokenizer has, and its ``required`` and named choices are JSON schemas, which the CPU engine runs.
+
+gemma4's reasoning parser is the one of vLLM's that leaves the tiny model's plain answers alone:
+its markers (``<|channel>`` and ``<channel|>``) are special tokens on Gemma 4 but several plain
+pieces here, so a prompt never opens reasoning (the engine's structured output starts at the
+first token, as without a reasoning parser), an output without the markers is content, and one
+forced to write them (a regex) is split into reasoning and content. The parsers that read
+``<think>`` as text (qwen3, glm45, ...) take any output without ``</think>`` for reasoning and
+make every grammar wait for it; of the others, some need special tokens the tiny model lacks
+(deepseek_r1, mistral, step3, ...), some split nothing without them (deepseek_v3, openai_gptoss), and
+some never see reasoning end (granite, hunyuan_a13b, inkling, ...), which leaves every grammar
+off."""
 
 CPU_ENV = {**OFFLINE_ENVIRONMENT, **CPU_ENVIRONMENT}
 # braid serve flags of its own for these engine arguments; any other goes through --engine-arg

@@ -77,6 +77,27 @@ REASONING_HISTORY = [
 ]
 CUSTOM_CALL = {"id": "call_2", "type": "custom", "custom": {"name": "get_answer", "input": "x"}}
 
+# Reasoning (issue 26 §8): both servers run gemma4's reasoning parser (tools/servers.py TOOL_FLAGS),
+# whose markers are plain text to the tiny model, which never writes them itself: a regex makes
+# it. A prompt never opens reasoning, so the engine's grammar applies from the first token.
+# Whole, the parser splits the text at the markers; streamed, only with ``enable_thinking``
+# (``chat_template_kwargs``, or a ``reasoning_effort`` other than "none"): otherwise gemma4's
+# stream is content, marker included, on vLLM as on braid. With thinking on, vLLM applies a grammar
+# only under ``include_reasoning: false`` (it waits for the end of the reasoning, which its engine
+# finds only as a special token): the streamed reasoning cases hide the reasoning.
+THINK = r"<\|channel>thought" + "\n"  # gemma4's opener, "thought" its role label
+THOUGHT_END = r"<channel\|>"
+ANSWER = {"regex": THINK + r"Code it\." + THOUGHT_END + r"def f\(\):"}
+FREE_THOUGHT = {"regex": THINK + r"[a-z]{2,6}( [a-z]{2,6})?\." + THOUGHT_END + "[a-z]{2,6}"}
+THEN_CALL = {"regex": THINK + r"Weather\." + THOUGHT_END + r"\[get_weather\(city='Paris'\)\]"}
+ENDLESS_THOUGHT = {"regex": THINK + "[a-z ]{40}" + THOUGHT_END + "ok"}  # cut by max_tokens 20
+THINKING = {"enable_thinking": True}
+WITH_REASONING = [
+    USER,
+    {"role": "assistant", "content": "    return data\n", "reasoning": "Think first."},
+    USER2,
+]
+
 
 def _with_call(**call: Any) -> list[dict[str, Any]]:
     return [USER, {"role": "assistant", "content": None, "tool_calls": [{**CALL, **call}]}, USER2]
@@ -394,6 +415,234 @@ def chat_cases() -> list[Case]:
         "chat tools errors",
         _chat(tools=tools, tool_choice={"type": "function", "function": {"name": "nope"}}, stream=True),
     )
+    # -- reasoning (gemma4's parser on both servers: see THINK above)
+    usage = {"stream_options": {"include_usage": True}}
+    chat("chat reasoning", "chat reasoning", _chat(structured_outputs=ANSWER, max_tokens=60))
+    chat(
+        "chat reasoning streamed without thinking: content",
+        "chat reasoning",
+        _chat(structured_outputs=ANSWER, max_tokens=60, stream=True, **usage),
+    )
+    chat(
+        "chat reasoning include_reasoning false",
+        "chat reasoning",
+        _chat(structured_outputs=ANSWER, max_tokens=60, include_reasoning=False),
+    )
+    chat(
+        "chat reasoning enable_thinking, include_reasoning false",
+        "chat reasoning",
+        _chat(structured_outputs=ANSWER, max_tokens=60, include_reasoning=False, chat_template_kwargs=THINKING),
+    )
+    chat(
+        "chat reasoning enable_thinking, include_reasoning false, streamed",
+        "chat reasoning",
+        _chat(
+            structured_outputs=ANSWER,
+            max_tokens=60,
+            include_reasoning=False,
+            chat_template_kwargs=THINKING,
+            stream=True,
+            **usage,
+        ),
+    )
+    chat(
+        "chat reasoning_effort high, include_reasoning false, streamed",
+        "chat reasoning",
+        _chat(structured_outputs=ANSWER, max_tokens=60, include_reasoning=False, reasoning_effort="high", stream=True),
+    )
+    chat(
+        "chat reasoning_effort none, streamed",
+        "chat reasoning",
+        _chat(structured_outputs=ANSWER, max_tokens=60, reasoning_effort="none", stream=True, **usage),
+    )
+    chat(
+        "chat reasoning n=2 seeded",
+        "chat reasoning",
+        _chat(structured_outputs=FREE_THOUGHT, max_tokens=60, n=2, temperature=1.0, seed=13),
+    )
+    chat(
+        "chat reasoning n=2 seeded, enable_thinking, include_reasoning false, streamed",
+        "chat reasoning",
+        _chat(
+            structured_outputs=FREE_THOUGHT,
+            max_tokens=60,
+            n=2,
+            temperature=1.0,
+            seed=13,
+            include_reasoning=False,
+            chat_template_kwargs=THINKING,
+            stream=True,
+            **usage,
+        ),
+    )
+    chat(
+        "chat reasoning then a call", "chat reasoning", _chat(tools=tools, structured_outputs=THEN_CALL, max_tokens=60)
+    )
+    chat(
+        "chat reasoning then a call, streamed without thinking: content",
+        "chat reasoning",
+        _chat(tools=tools, structured_outputs=THEN_CALL, max_tokens=60, stream=True, **usage),
+    )
+    chat(
+        "chat reasoning then a call, enable_thinking, include_reasoning false, streamed",
+        "chat reasoning",
+        _chat(
+            tools=tools,
+            structured_outputs=THEN_CALL,
+            max_tokens=60,
+            include_reasoning=False,
+            chat_template_kwargs=THINKING,
+            stream=True,
+            **usage,
+        ),
+    )
+    chat(
+        "chat reasoning then a call, include_reasoning false, no parallel calls",
+        "chat reasoning",
+        _chat(
+            tools=tools,
+            structured_outputs=THEN_CALL,
+            max_tokens=60,
+            include_reasoning=False,
+            parallel_tool_calls=False,
+        ),
+    )
+    chat(
+        "chat reasoning with logprobs",
+        "chat reasoning",
+        _chat(structured_outputs=ANSWER, max_tokens=60, logprobs=True, top_logprobs=2),
+    )
+    chat(
+        "chat reasoning with logprobs, streamed",
+        "chat reasoning",
+        _chat(structured_outputs=ANSWER, max_tokens=60, logprobs=True, top_logprobs=2, stream=True),
+    )
+    chat(
+        "chat reasoning include_reasoning false hides logprobs and token ids",
+        "chat reasoning",
+        _chat(
+            structured_outputs=ANSWER,
+            max_tokens=60,
+            include_reasoning=False,
+            logprobs=True,
+            top_logprobs=2,
+            return_token_ids=True,
+        ),
+    )
+    chat(
+        "chat reasoning enable_thinking, include_reasoning false hides logprobs and token ids, streamed",
+        "chat reasoning",
+        _chat(
+            structured_outputs=ANSWER,
+            max_tokens=60,
+            include_reasoning=False,
+            chat_template_kwargs=THINKING,
+            logprobs=True,
+            top_logprobs=2,
+            return_token_ids=True,
+            stream=True,
+        ),
+    )
+    chat(
+        "chat reasoning return_token_ids",
+        "chat reasoning",
+        _chat(structured_outputs=ANSWER, max_tokens=60, return_token_ids=True),
+    )
+    chat(
+        "chat reasoning cut by max_tokens: no content",
+        "chat reasoning",
+        _chat(structured_outputs=ENDLESS_THOUGHT, max_tokens=20),
+    )
+    chat(
+        "chat reasoning cut by max_tokens, enable_thinking, include_reasoning false, streamed",
+        "chat reasoning",
+        _chat(
+            structured_outputs=ENDLESS_THOUGHT,
+            max_tokens=20,
+            include_reasoning=False,
+            chat_template_kwargs=THINKING,
+            stream=True,
+            **usage,
+        ),
+    )
+    chat(
+        "chat reasoning continuous usage",
+        "chat reasoning",
+        _chat(
+            structured_outputs=ANSWER,
+            max_tokens=60,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+        ),
+    )
+    chat("chat reasoning enable_thinking, free output", "chat reasoning", _chat(chat_template_kwargs=THINKING))
+    chat(
+        "chat reasoning_effort high, free output, streamed",
+        "chat reasoning",
+        _chat(reasoning_effort="high", stream=True, **usage),
+    )
+    chat(
+        "chat reasoning required, enable_thinking, include_reasoning false",
+        "chat reasoning",
+        _chat(
+            tools=tools, tool_choice="required", max_tokens=60, include_reasoning=False, chat_template_kwargs=THINKING
+        ),
+    )
+    chat("chat reasoning history with reasoning", "chat reasoning", _chat(WITH_REASONING, return_token_ids=True))
+    chat(
+        "chat reasoning history with reasoning and reasoning_content",
+        "chat reasoning",
+        _chat(
+            [USER, {**ASSISTANT, "reasoning": "A.", "reasoning_content": "B."}, USER2],
+            return_token_ids=True,
+        ),
+    )
+    chat(
+        "chat reasoning history with reasoning and a tool call, named",
+        "chat reasoning",
+        _chat(
+            [
+                USER,
+                {"role": "assistant", "content": None, "reasoning": "Call it.", "tool_calls": [CALL]},
+                {"role": "tool", "content": "42", "tool_call_id": "call_1"},
+            ],
+            tools=tools,
+            tool_choice=NAMED,
+            max_tokens=20,
+            return_token_ids=True,
+        ),
+    )
+    chat(
+        "chat reasoning history reasoning not a string",
+        "chat reasoning errors",
+        _chat([USER, {**ASSISTANT, "reasoning": 5}, USER2]),
+    )
+    chat("chat reasoning include_reasoning a number", "chat reasoning errors", _chat(include_reasoning=5))
+    chat(
+        "chat reasoning include_reasoning a string",
+        "chat reasoning errors",
+        _chat(include_reasoning="no"),
+        deviation="strict_types",
+    )
+    chat("chat reasoning_effort not one of vLLM's", "chat reasoning errors", _chat(reasoning_effort="extreme"))
+    chat("chat reasoning_effort a number", "chat reasoning errors", _chat(reasoning_effort=3))
+    chat(
+        "chat reasoning chat_template_kwargs not an object",
+        "chat reasoning errors",
+        _chat(chat_template_kwargs="enable_thinking"),
+    )
+    batch(
+        "batch chat reasoning",
+        "batch chat reasoning",
+        _chat([SYS_USER, [USER2]], structured_outputs=ANSWER, max_tokens=60),
+        deviation="batch_chat_reasoning_tokens",
+    )
+    batch(
+        "batch chat reasoning include_reasoning false",
+        "batch chat reasoning",
+        _chat([SYS_USER, [USER2]], structured_outputs=ANSWER, max_tokens=60, include_reasoning=False),
+        deviation="batch_chat_reasoning_tokens",
+    )
     batch(
         "batch chat tools required",
         "batch chat tools",
@@ -448,9 +697,18 @@ def chat_cases() -> list[Case]:
     chat("chat unknown model", "chat errors", _chat(model="no-such-model"))
     chat("chat bad JSON", "chat errors", b'{"model": "braid-tiny", "messages": [')
     # -- batched chat: one choice per conversation, usage summed
-    batch("batch chat two conversations", "batch chat", _chat([SYS_USER, [USER2]]))
-    batch("batch chat three conversations", "batch chat", _chat(CONVERSATIONS, max_tokens=12))
-    batch("batch chat logprobs", "batch chat", _chat(CONVERSATIONS, logprobs=True, top_logprobs=2, max_tokens=4))
+    # (usage: deviation:batch_chat_reasoning_tokens, once the server has a reasoning parser)
+    reasoning_tokens = "batch_chat_reasoning_tokens"
+    batch("batch chat two conversations", "batch chat", _chat([SYS_USER, [USER2]]), deviation=reasoning_tokens)
+    batch(
+        "batch chat three conversations", "batch chat", _chat(CONVERSATIONS, max_tokens=12), deviation=reasoning_tokens
+    )
+    batch(
+        "batch chat logprobs",
+        "batch chat",
+        _chat(CONVERSATIONS, logprobs=True, top_logprobs=2, max_tokens=4),
+        deviation=reasoning_tokens,
+    )
     batch(
         "batch chat stop, token ids, max_completion_tokens",
         "batch chat",
@@ -462,14 +720,21 @@ def chat_cases() -> list[Case]:
             stop=["\n"],
             return_token_ids=True,
         ),
+        deviation=reasoning_tokens,
     )
     batch(
         "batch chat echo",
         "batch chat",
         _chat([ENDS_WITH_ASSISTANT, [USER2]], add_generation_prompt=False, continue_final_message=True, echo=True),
+        deviation=reasoning_tokens,
     )
-    batch("batch chat seeded sampling", "batch chat", _chat(CONVERSATIONS, temperature=1.0, seed=4, max_tokens=10))
-    batch("batch chat one conversation", "batch chat", _chat([MULTI_TURN]))
+    batch(
+        "batch chat seeded sampling",
+        "batch chat",
+        _chat(CONVERSATIONS, temperature=1.0, seed=4, max_tokens=10),
+        deviation=reasoning_tokens,
+    )
+    batch("batch chat one conversation", "batch chat", _chat([MULTI_TURN]), deviation=reasoning_tokens)
     batch(
         "batch chat tool-calling histories",
         "batch chat",
