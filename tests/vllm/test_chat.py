@@ -65,7 +65,7 @@ def test_batched_chat_streams_with_n(vllm_server: VllmServer) -> None:
     texts: dict[int, str] = {}
     for e in events[:-1]:
         (c,) = e["choices"]
-        texts[c["index"]] = texts.get(c["index"], "") + c["delta"]["content"]
+        texts[c["index"]] = texts.get(c["index"], "") + c["delta"].get("content", "")
     assert texts == {c["index"]: c["message"]["content"] for c in whole["choices"]}
     vllm_server.wait_engine_idle()
 
