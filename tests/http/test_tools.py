@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 import trio
 
 from braid.settings import ParserOptions
+from braid.wire import shapes
 from tests.helpers import parse_sse, start_server
 
 pytestmark = pytest.mark.vllm
@@ -331,3 +333,22 @@ async def test_bad_tool_requests_are_400s_before_the_stream(tc: httpx.AsyncClien
     full = {"messages": say(CALL), "tools": TOOLS, "stream": True, **body}
     r = await tc.post("/v1/chat/completions", json=full)
     assert r.status_code == 400 and message in r.json()["error"]["message"]
+
+
+async def test_parsed_bodies_and_chunks_are_the_declared_shapes(rc: httpx.AsyncClient) -> None:
+    # braid.wire.shapes describes these bytes (and /openapi.json is made from it): decoded strictly
+    body = {"messages": say(THINK + TWO_CALLS, THINK + "It is sunny."), "tools": TOOLS, "max_tokens": 300, "n": 2}
+    r = await rc.post("/v1/chat/completions", json=body)
+    whole = msgspec.json.decode(r.content, type=shapes.ChatCompletion)
+    first = whole.choices[0].message
+    assert (
+        first.reasoning
+        and first.tool_calls
+        and [c.function.name for c in first.tool_calls] == ["get_weather", "get_time"]
+    )
+    assert whole.choices[1].message.content == "It is sunny." and whole.choices[1].message.tool_calls is msgspec.UNSET
+    r = await rc.post("/v1/chat/completions", json={**body, "stream": True})
+    datas = [line[len("data: ") :] for line in r.text.split("\n\n") if line.startswith("data: {")]
+    chunks = [msgspec.json.decode(d, type=shapes.ChatChunk) for d in datas]
+    pieces = [p for c in chunks for ch in c.choices for p in (ch.delta.tool_calls or [])]
+    assert {p.index for p in pieces} == {0, 1} and sum(p.id is not msgspec.UNSET for p in pieces) == 2

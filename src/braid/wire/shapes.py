@@ -44,13 +44,18 @@ class PromptTokensDetails(_Strict):
     multimodal_tokens: None = None
 
 
+class CompletionTokensDetails(_Strict):
+    reasoning_tokens: int
+
+
 class Usage(_Strict):
     prompt_tokens: int
     total_tokens: int
     completion_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None
     """Absent in a stream; null in a body unless ``--prompt-tokens-details`` is on."""
-    completion_tokens_details: None = None
+    completion_tokens_details: CompletionTokensDetails | None = None
+    """Through ``--reasoning-parser`` (chat): how many completion tokens were reasoning."""
 
 
 class CompletionChoice(_Strict):
@@ -121,14 +126,46 @@ class ChatLogprobs(_Strict):
     content: list[ChatLogprobEntry]
 
 
+class ToolCallFunction(_Strict):
+    name: str
+    arguments: str
+    """The JSON text of the arguments, as the model wrote it."""
+
+
+class ToolCall(_Strict):
+    """A whole call in a message (through ``--tool-call-parser``)."""
+
+    id: str
+    type: Literal["function"]
+    function: ToolCallFunction
+
+
+class ToolCallPieceFunction(_Strict):
+    arguments: str
+    name: str | None | msgspec.UnsetType = msgspec.UNSET
+
+
+class ToolCallPiece(_Strict):
+    """A piece of a streamed call: the first carries its id, type and name; the later ones only
+    the next fragment of its arguments."""
+
+    index: int
+    function: ToolCallPieceFunction
+    id: str | None | msgspec.UnsetType = msgspec.UNSET
+    type: Literal["function"] | msgspec.UnsetType = msgspec.UNSET
+
+
 class ChatMessage(_Strict):
     role: str
-    content: str
+    content: str | None
+    """Null when the output was only tool calls (or only reasoning)."""
     refusal: None
     annotations: None
     audio: None
     function_call: None
-    reasoning: None
+    reasoning: str | None
+    """The model's reasoning, through ``--reasoning-parser`` (null without one, or when hidden)."""
+    tool_calls: list[ToolCall] | msgspec.UnsetType = msgspec.UNSET
 
 
 class ChatChoice(_Strict):
@@ -161,8 +198,14 @@ class ChatCompletion(_Strict):
 
 
 class ChatDelta(_Strict):
-    content: str
+    """A role chunk's ``{role, content: ""}``, or what a content chunk adds: its text, or through
+    parsers its content, reasoning and call pieces (each only when it has some; ``{}`` on a
+    finishing chunk that adds nothing)."""
+
+    content: str | msgspec.UnsetType = msgspec.UNSET
     role: str | msgspec.UnsetType = msgspec.UNSET
+    reasoning: str | None | msgspec.UnsetType = msgspec.UNSET
+    tool_calls: list[ToolCallPiece] | msgspec.UnsetType = msgspec.UNSET
 
 
 class ChatChunkChoice(_Strict):
