@@ -433,6 +433,18 @@ def chat_cases() -> list[Case]:
         "chat reasoning",
         _chat(structured_outputs=ANSWER, max_tokens=60, include_reasoning=False, chat_template_kwargs=THINKING),
     )
+    # With thinking on and the reasoning shown, the grammar waits for the reasoning's end: vLLM's
+    # serving layer asks its parser whether the prompt ended it (reasoning_ended), and so does braid.
+    chat(
+        "chat reasoning enable_thinking with a grammar: it waits for the reasoning's end",
+        "chat reasoning",
+        _chat(structured_outputs=ANSWER, max_tokens=24, chat_template_kwargs=THINKING),
+    )
+    chat(
+        "chat reasoning enable_thinking with a grammar, streamed",
+        "chat reasoning",
+        _chat(structured_outputs=ANSWER, max_tokens=24, chat_template_kwargs=THINKING, stream=True, **usage),
+    )
     chat(
         "chat reasoning enable_thinking, include_reasoning false, streamed",
         "chat reasoning",

@@ -179,6 +179,12 @@ class EngineRequest:
     prompt_text: str | None = None
     final_only: bool = False  # only the finished result is needed (see the module docstring)
     priority: int = 0  # the engine's order among waiting requests, when it schedules by priority
+    # Through a reasoning parser (vLLM's serving layer sets the same on its engine requests):
+    # whether the prompt already ended the reasoning, so that a grammar applies from the first
+    # token (None: the engine's own reasoning parser checks the prompt), and the request's
+    # template kwargs for that parser (enable_thinking...).
+    reasoning_ended: bool | None = None
+    reasoning_parser_kwargs: Mapping[str, Any] | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen

@@ -120,7 +120,16 @@ class VllmEngine:
         llm = self.llm
 
         def start() -> AsyncIterator[Any]:
-            return llm.generate(prompt, params, request.request_id, priority=request.priority)
+            return llm.generate(
+                prompt,
+                params,
+                request.request_id,
+                priority=request.priority,
+                reasoning_ended=request.reasoning_ended,
+                reasoning_parser_kwargs=None
+                if request.reasoning_parser_kwargs is None
+                else dict(request.reasoning_parser_kwargs),
+            )
 
         async with self.bridge.open_stream(start, map_error) as stream:
             agen = engine_outputs(stream.receive_batch, fail_after(request, self.fault_hooks), observe)

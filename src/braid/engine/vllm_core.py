@@ -331,6 +331,10 @@ class VllmCoreEngine:
                 arrival_time=time.time(),
                 priority=request.priority,
             )
+            if request.reasoning_ended is not None:
+                core_request.reasoning_ended = request.reasoning_ended
+            if request.reasoning_parser_kwargs is not None:
+                core_request.reasoning_parser_kwargs = dict(request.reasoning_parser_kwargs)
             self.input_processor.assign_request_id(core_request)
         except Exception as exc:
             raise map_error(exc) from exc

@@ -183,12 +183,14 @@ def _structured(so: Any) -> Structured:
     raise ParserConfigError(f"the tool parser asked for a constraint braid cannot pass on: {so!r}")
 
 
-@attrs.frozen
+@attrs.define
 class RequestParsers:
     parsers: Parsers
     request: Any
     """vLLM's ``ChatCompletionRequest`` for the parsers (its messages are not the request's)."""
     chat_template_kwargs: dict[str, Any]
+    _adjusted: Any = None
+    """vLLM's request after its parser's ``adjust_request`` (:meth:`constraint`)."""
 
     def constraint(self) -> Adjustment:
         """What vLLM's parser asks of the engine for this request (its ``adjust_request``):
@@ -200,9 +202,25 @@ class RequestParsers:
         parser = p.cls(
             p.tokenizer, self.request.tools, chat_template_kwargs=self.chat_template_kwargs, model_config=None
         )
-        adjusted = parser.adjust_request(self.request.model_copy(deep=True))
+        adjusted = self._adjusted = parser.adjust_request(self.request.model_copy(deep=True))
         so = adjusted.structured_outputs
         return Adjustment(None if so is None else _structured(so), bool(adjusted.skip_special_tokens))
+
+    def engine_reasoning(self, prompt_token_ids: Sequence[int]) -> tuple[bool | None, dict[str, Any] | None]:
+        """``reasoning_ended`` and ``reasoning_parser_kwargs`` for the engine request of a prompt,
+        as vLLM's serving layer sets them: ended when the reasoning is hidden, when the parser's
+        own grammar handles it, or when the prompt ends it (the request's parser, with the
+        request's template kwargs, says); the kwargs reach the engine's own reasoning parser."""
+        p = self.parsers
+        parser = p.cls(
+            p.tokenizer, self.request.tools, chat_template_kwargs=self.chat_template_kwargs, model_config=None
+        )
+        request = self._adjusted if self._adjusted is not None else self.request
+        ended = request.resolve_reasoning_ended(parser, list(prompt_token_ids))
+        kwargs = None
+        if parser.reasoning_parser is not None:
+            kwargs = {"chat_template_kwargs": dict(self.chat_template_kwargs)}
+        return ended, kwargs
 
     def choice(self, prompt_token_ids: Sequence[int]) -> VllmChoiceParser:
         p = self.parsers

@@ -86,6 +86,8 @@ async def chat_completions(
                 max_tokens_param="max_completion_tokens",
             )
             plan = await plan_request(state, req, request_id, deadline, "chatcmpl")
+            if parsers is not None and state.settings.parsers.reasoning_parser is not None:
+                plan = engine_reasoning(plan, parsers)
             shape = chat_shape(chat)
             parsing = None
             if parsers is not None:
@@ -140,6 +142,19 @@ def constrain(parsers: RequestParsers, chat: ChatRequest) -> tuple[CompletionBod
     if not adjustment.skip_special_tokens and body.skip_special_tokens:
         body = msgspec.structs.replace(body, skip_special_tokens=False)
     return body, structured
+
+
+def engine_reasoning(plan: Plan, parsers: RequestParsers) -> Plan:
+    """The plan's engine requests told what vLLM's serving layer tells them through a reasoning
+    parser: whether each prompt already ended the reasoning (a grammar then applies from the
+    first token; otherwise the engine waits for the reasoning's end), and the request's template
+    kwargs for the engine's reasoning parser."""
+    items = []
+    for item in plan.items:
+        ended, kwargs = parsers.engine_reasoning(item.request.prompt_token_ids)
+        request = attrs.evolve(item.request, reasoning_ended=ended, reasoning_parser_kwargs=kwargs)
+        items.append(attrs.evolve(item, request=request))
+    return attrs.evolve(plan, items=tuple(items))
 
 
 def choice_parsing(state: AppState, chat: ChatRequest, plan: Plan, parsers: RequestParsers) -> ChoiceParsing:
