@@ -54,12 +54,10 @@ def test_one_engine_request_per_prompt_with_suffixed_ids() -> None:
     assert all(it.request.params.n == 2 for it in p.items)
 
 
-def test_priority_orders_admission_and_reaches_only_an_engine_that_schedules_by_it() -> None:
+def test_priority_orders_admission_and_reaches_the_engine() -> None:
     p = plan(prompt=["a", "b"], priority=-3)
     assert p.priority == -3  # admission's order (routes.common.open_run gives it to the ticket)
-    assert [it.request.priority for it in p.items] == [0, 0]  # vLLM refuses it unless it schedules by it
-    p = plan(attrs.evolve(INFO, priority_scheduling=True), prompt=["a", "b"], priority=-3)
-    assert [it.request.priority for it in p.items] == [-3, -3]
+    assert [it.request.priority for it in p.items] == [-3, -3]  # vLLM uses it with --scheduling-policy priority
     assert plan().priority == 0
 
 

@@ -95,9 +95,6 @@ class ModelInfo:
     reserved_seqs: int = 0
     """Of ``max_num_seqs``, how many braid added for requests waiting for their first slot
     (``braid.stream.admit``'s reserve); the rest is what the operator asked for."""
-    priority_scheduling: bool = False
-    """The engine orders its waiting requests by priority (vLLM's ``--scheduling-policy
-    priority``): requests carry theirs to it. Otherwise only braid's admission uses them."""
 
 
 class PassThrough(msgspec.Struct, frozen=True):

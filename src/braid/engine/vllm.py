@@ -244,10 +244,7 @@ async def _open_asyncllm(kwargs: dict[str, Any], make_info: Any, fault_hooks: bo
         _freeze_vllm_env()
         try:
             info, tokenizer = await make_info(llm.model_config)
-            scheduler = llm.vllm_config.scheduler_config
-            info = attrs.evolve(
-                info, max_num_seqs=scheduler.max_num_seqs, priority_scheduling=scheduler.policy == "priority"
-            )
+            info = attrs.evolve(info, max_num_seqs=llm.vllm_config.scheduler_config.max_num_seqs)
             yield VllmEngine(bridge, llm, info, tokenizer, kind_cls, params_cls, fault_hooks)
         finally:
             # On the loop thread: shutdown() cancels vLLM's output handler task, which is only

@@ -575,12 +575,7 @@ async def open_core_engine(
     ) = await trio.to_thread.run_sync(start)
     try:
         info, tokenizer = await make_info(config.model_config)
-        info = attrs.evolve(
-            info,
-            max_num_seqs=config.scheduler_config.max_num_seqs,
-            reserved_seqs=extra,
-            priority_scheduling=config.scheduler_config.policy == "priority",
-        )
+        info = attrs.evolve(info, max_num_seqs=config.scheduler_config.max_num_seqs, reserved_seqs=extra)
         engine = VllmCoreEngine(
             client, inputs, outputs, (), info, tokenizer, kind, params_cls, parent_cls, request_types, fault_hooks
         )

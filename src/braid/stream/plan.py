@@ -201,8 +201,7 @@ def make_plan(
             item_params,
             text,
             final_only=not req.stream,
-            # vLLM refuses a priority other than 0 unless it schedules by priority
-            priority=req.priority if info.priority_scheduling else 0,
+            priority=req.priority,  # vLLM's FCFS scheduler ignores it; --scheduling-policy priority uses it
         )
         items.append(PlanItem(i, request, echo_text))
     return Plan(
