@@ -247,7 +247,6 @@ DEVIATIONS: dict[str, Deviation] = {
             "an output-changing field braid does not implement is refused, not ignored",
             _views(_unsupported_fields),
         ),
-
         Deviation(
             "kv_transfer_params",
             "kv_transfer_params (disaggregated serving; on chat its prompt_token_ids replace the prompt) is refused",
