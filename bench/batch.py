@@ -54,21 +54,17 @@ def _config(quick: bool) -> dict[int, int]:
     return {1: 3, 8: 3, 64: 5, 256: 2, 1024: 1}
 
 
-def _request(client: httpx.Client, server: Any, prompts: list[list[int]], stream: bool) -> tuple[float, int, int]:
-    """(wall seconds, front-end peak growth bytes, engine-core peak growth bytes) of one request."""
+def post_batch(client: httpx.Client, server: Any, prompts: list[list[int]], max_tokens: int, stream: bool) -> None:
+    """One ``/v1/completions`` request of these prompts (``ignore_eos``, temperature 1), read to
+    its last byte; RuntimeError unless it is a 200 with every choice (a stream: ending in [DONE])."""
     body = {
         "model": server.model,
         "prompt": prompts,
-        "max_tokens": MAX_TOKENS,
+        "max_tokens": max_tokens,
         "ignore_eos": True,
         "temperature": 1.0,
         "stream": stream,
     }
-    pids = [server.pid, engine_core_pid(server)]
-    before = [rss_bytes(p) for p in pids]
-    for p in pids:
-        reset_hwm(p)
-    start = time.perf_counter()
     if stream:
         tail = b""
         with client.stream("POST", server.url + "/v1/completions", json=body) as r:
@@ -76,14 +72,23 @@ def _request(client: httpx.Client, server: Any, prompts: list[list[int]], stream
                 raise RuntimeError(f"{server.kind}: {r.status_code} {r.read()[:300]!r}")
             for chunk in r.iter_raw():
                 tail = (tail + chunk)[-64:]
-        took = time.perf_counter() - start
         if b"data: [DONE]" not in tail:
             raise RuntimeError(f"{server.kind}: stream did not end with [DONE]: {tail!r}")
     else:
         r = client.post(server.url + "/v1/completions", json=body)
-        took = time.perf_counter() - start
         if r.status_code != 200 or len(r.json()["choices"]) != len(prompts):
             raise RuntimeError(f"{server.kind}: {r.status_code} {r.text[:300]}")
+
+
+def _request(client: httpx.Client, server: Any, prompts: list[list[int]], stream: bool) -> tuple[float, int, int]:
+    """(wall seconds, front-end peak growth bytes, engine-core peak growth bytes) of one request."""
+    pids = [server.pid, engine_core_pid(server)]
+    before = [rss_bytes(p) for p in pids]
+    for p in pids:
+        reset_hwm(p)
+    start = time.perf_counter()
+    post_batch(client, server, prompts, MAX_TOKENS, stream)
+    took = time.perf_counter() - start
     growth = [hwm_bytes(p) - b for p, b in zip(pids, before, strict=True)]
     return took, growth[0], growth[1]
 

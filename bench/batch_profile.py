@@ -40,6 +40,7 @@ from typing import Any
 
 import httpx
 
+from bench.batch import post_batch
 from bench.common import table
 from bench.vllm_tools import ROOT, WORK, Worker, cpu_env, cpu_seconds, engine_core_pid, random_token_prompts, start_pair
 
@@ -113,37 +114,13 @@ def _step_stats(rows: list[tuple[float, int, int, int, int]], t0: float, t1: flo
     }
 
 
-def _post(client: httpx.Client, server: Any, prompts: list[list[int]], max_tokens: int, stream: bool) -> None:
-    body = {
-        "model": server.model,
-        "prompt": prompts,
-        "max_tokens": max_tokens,
-        "ignore_eos": True,
-        "temperature": 1.0,
-        "stream": stream,
-    }
-    if stream:
-        tail = b""
-        with client.stream("POST", server.url + "/v1/completions", json=body) as r:
-            if r.status_code != 200:
-                raise RuntimeError(f"{server.kind}: {r.status_code} {r.read()[:300]!r}")
-            for chunk in r.iter_raw():
-                tail = (tail + chunk)[-64:]
-        if b"data: [DONE]" not in tail:
-            raise RuntimeError(f"{server.kind}: stream did not end with [DONE]: {tail!r}")
-    else:
-        r = client.post(server.url + "/v1/completions", json=body)
-        if r.status_code != 200 or len(r.json()["choices"]) != len(prompts):
-            raise RuntimeError(f"{server.kind}: {r.status_code} {r.text[:300]}")
-
-
 def _measure_server(
     client: httpx.Client, server: Any, steps_dir: Path, prompts: list[list[int]], max_tokens: int, stream: bool
 ) -> dict[str, Any]:
     core = engine_core_pid(server)
     cpu0 = (cpu_seconds(server.pid), cpu_seconds(core))
     t0 = time.monotonic()
-    _post(client, server, prompts, max_tokens, stream)
+    post_batch(client, server, prompts, max_tokens, stream)
     t1 = time.monotonic()
     cpu1 = (cpu_seconds(server.pid), cpu_seconds(core))
     time.sleep(0.05)  # the probe's last line
@@ -390,7 +367,7 @@ def main() -> None:
         offline.call(op="generate", prompt_token_ids=prompts, max_tokens=8)
         for s in servers.values():
             for stream in (False, True):
-                _post(client, s, prompts, 8, stream)
+                post_batch(client, s, prompts, 8, stream)
         for n in token_counts:
             for r in range(args.rounds):
                 for system in SYSTEMS[r % len(SYSTEMS) :] + SYSTEMS[: r % len(SYSTEMS)]:
@@ -411,7 +388,7 @@ def main() -> None:
                 raw = WORK / f"batch-profile-pyspy-{'stream' if stream else 'json'}.txt"
                 with _pyspy(braid.pid, raw):
                     t0 = time.monotonic()
-                    _post(client, braid, prompts, token_counts[0], stream)
+                    post_batch(client, braid, prompts, token_counts[0], stream)
                     wall = time.monotonic() - t0
                 profiles.append((f"{name} (wall {wall:.2f} s under py-spy)", _profile_summary(raw)))
     load_after = os.getloadavg()
