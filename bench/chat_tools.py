@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Section, section_main, table
-from bench.serving import INPUT_LEN, OUTPUT_LEN, SEED, _spread, alternating_runs
-from bench.vllm_tools import WORK, Worker, bench_serve_argv, engine_core_pid, start_pair
+from bench.serving import INPUT_LEN, OUTPUT_LEN, SEED, _spread, alternating_runs, serve_argv
+from bench.vllm_tools import WORK, Worker, engine_core_pid, start_pair
 
 CONCURRENCIES = (1, 64)
 PARSER = "+parser"
@@ -117,22 +117,14 @@ def chat_argv(servers: dict[str, Any], model_dir: Path, prefix: str) -> Callable
     streamed chat run on ``servers[kind]``, with :data:`TOOL_BODY` in every request when the kind
     ends with ``+parser/tools``."""
 
-    def argv(kind: str, c: int, n: int, tag: str) -> list[str]:
-        return bench_serve_argv(
-            servers[kind].url,
-            model_dir,
-            concurrency=c,
-            num_prompts=n,
-            input_len=INPUT_LEN,
-            output_len=OUTPUT_LEN,
-            seed=SEED,
-            result_name=f"{prefix}-{tag.replace('/', '-')}.json",
-            backend="openai-chat",
-            endpoint="/v1/chat/completions",
-            extra_body=TOOL_BODY if kind.endswith(TOOLS) else None,
-        )
+    def chat(kind: str) -> dict[str, Any]:
+        return {
+            "backend": "openai-chat",
+            "endpoint": "/v1/chat/completions",
+            "extra_body": TOOL_BODY if kind.endswith(TOOLS) else None,
+        }
 
-    return argv
+    return serve_argv(servers, model_dir, prefix, chat)
 
 
 def cpu_per_token(res: dict[str, Any]) -> float:

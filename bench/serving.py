@@ -114,10 +114,16 @@ def _plots(
     return tuple(out)
 
 
-def serve_argv(servers: dict[str, Any], model_dir: Path, prefix: str) -> Callable[[str, int, int, str], list[str]]:
+def serve_argv(
+    servers: dict[str, Any],
+    model_dir: Path,
+    prefix: str,
+    extra: Callable[[str], dict[str, Any]] | None = None,
+) -> Callable[[str, int, int, str], list[str]]:
     """``argv(kind, concurrency, prompts, tag)``: ``vllm bench serve``'s flags for a run of this
     section's request shape on ``servers[kind]`` (looked up at each call), its result file named
-    ``PREFIX-TAG.json``."""
+    ``PREFIX-TAG.json`` (a ``/`` in the tag becomes ``-``). ``extra(kind)``: more arguments of
+    :func:`bench.vllm_tools.bench_serve_argv` for that server's runs (another backend...)."""
 
     def argv(kind: str, c: int, n: int, tag: str) -> list[str]:
         return bench_serve_argv(
@@ -128,7 +134,8 @@ def serve_argv(servers: dict[str, Any], model_dir: Path, prefix: str) -> Callabl
             input_len=INPUT_LEN,
             output_len=OUTPUT_LEN,
             seed=SEED,
-            result_name=f"{prefix}-{tag}.json",
+            result_name=f"{prefix}-{tag.replace('/', '-')}.json",
+            **(extra(kind) if extra is not None else {}),
         )
 
     return argv
