@@ -7,12 +7,12 @@ import math
 
 import pytest
 import trio
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 from braid.engine.base import ChoiceDelta
 from braid.engine.scripted import ScriptedEngine
 from braid.errors import DeadlineExceeded, EngineError, StreamStalled
-from braid.metrics import ABORT_CAUSES, ITL_BUCKETS, Metrics, PlainHistogram, TokenTimer
+from braid.metrics import ABORT_CAUSES, ITL_BUCKETS, EngineFamilies, Metrics, PlainHistogram, TokenTimer
 from braid.settings import Settings
 from braid.stream.admit import Admission
 from braid.stream.run import CompletionRun
@@ -349,3 +349,50 @@ async def test_every_prompt_is_counted_once_finished_failed_or_aborted(
     outcomes = hist(m, E2E)[0] + sample(m, "braid_engine_errors_total") + sum(aborts(m.registry).values())
     assert outcomes == prompts
     assert outcomes == sample(m, "braid_engine_requests_total") + aborts(m.registry).get("queue", 0)
+
+
+# --- the engine's own families (vLLM's vllm:*) ------------------------------------------------------
+
+
+async def test_vllms_waiting_gauges_count_the_requests_waiting_in_braids_admission() -> None:
+    """The engine's families are forwarded as they are, except the waiting gauges: braid's
+    requests waiting for engine slots (admission's ring, read at scrape time) are added, under
+    the ``capacity`` reason in the gauge by reason (so the reasons still sum to the total)."""
+    source = CollectorRegistry()  # stands for the registry vLLM's stat logger writes
+    labels = ["model_name", "engine"]
+    Gauge("vllm:num_requests_waiting", "w", labels, registry=source).labels("m", "0").set(2)
+    by_reason = Gauge("vllm:num_requests_waiting_by_reason", "w", [*labels, "reason"], registry=source)
+    by_reason.labels("m", "0", "capacity").set(1)
+    by_reason.labels("m", "0", "deferred").set(1)
+    Gauge("vllm:num_requests_running", "r", labels, registry=source).labels("m", "0").set(7)
+    Gauge("process_other", "not the engine's", registry=source).set(1)
+    adm = Admission(slots=1)
+    m = Metrics()
+    families = EngineFamilies(source, "vllm:", "vllm:num_requests_waiting", "vllm:num_requests_waiting_by_reason")
+    m.track_engine(families, lambda: adm.waiting)
+
+    def exposed() -> tuple[float, float, float, float]:
+        got = m.registry.get_sample_value
+        e = {"model_name": "m", "engine": "0"}
+        return (
+            got("vllm:num_requests_waiting", e) or 0.0,
+            got("vllm:num_requests_waiting_by_reason", {**e, "reason": "capacity"}) or 0.0,
+            got("vllm:num_requests_waiting_by_reason", {**e, "reason": "deferred"}) or 0.0,
+            got("vllm:num_requests_running", e) or 0.0,
+        )
+
+    assert exposed() == (2, 1, 1, 7)
+    assert m.registry.get_sample_value("process_other") is None
+    first = adm.admit()
+    await first.acquire(1)  # the one slot
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(adm.admit().acquire, 1)
+        await trio.testing.wait_all_tasks_blocked()
+        assert exposed() == (2 + 3, 1 + 3, 1, 7)
+        first.release(1)  # the slot goes to the first in the ring
+        await trio.testing.wait_all_tasks_blocked()
+        assert exposed() == (2 + 2, 1 + 2, 1, 7)
+        nursery.cancel_scope.cancel()
+    assert exposed() == (2, 1, 1, 7)
+    assert b"vllm:num_requests_waiting{" in m.render()

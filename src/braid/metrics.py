@@ -18,7 +18,7 @@ from typing import Literal, Protocol, get_args
 
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.metrics_core import HistogramMetricFamily
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
 # The *_created series double the output and no dashboard of ours reads them.
@@ -116,6 +116,47 @@ class PlainHistogram:
         counts, total = list(self.counts), self.sum
         buckets = list(zip(self._les, accumulate(counts), strict=True))
         return [HistogramMetricFamily(self.name, self.documentation, buckets=buckets, sum_value=total)]
+
+
+@attrs.frozen
+class EngineFamilies:
+    """An engine's own metric families, kept by its own stat logger in ``registry`` (vLLM's:
+    :mod:`braid.engine.vllm_stats`), and what braid adds to them (:meth:`Metrics.track_engine`)."""
+
+    registry: CollectorRegistry
+    prefix: str
+    """The families forwarded: those whose name starts with this (``vllm:``)."""
+    waiting: str
+    """The engine's gauge of waiting requests: braid adds its queued requests to each sample."""
+    waiting_by_reason: str | None = None
+    """The same by a ``reason`` label: braid's queued requests are added under ``reason``."""
+    reason: str = "capacity"
+
+
+class ForwardedFamilies:
+    """A collector: the families of :class:`EngineFamilies`, read from their registry at scrape
+    time, with ``queued()`` added to the waiting gauges (see :meth:`Metrics.track_engine`)."""
+
+    def __init__(self, families: EngineFamilies, queued: Callable[[], float]) -> None:
+        self.families = families
+        self.queued = queued
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        f = self.families
+        for family in f.registry.collect():
+            if not family.name.startswith(f.prefix):
+                continue
+            if family.name == f.waiting or family.name == f.waiting_by_reason:
+                queued = self.queued()
+                by_reason = family.name == f.waiting_by_reason
+                family.samples = [
+                    s._replace(value=s.value + queued) if not by_reason or s.labels.get("reason") == f.reason else s
+                    for s in family.samples
+                ]
+            yield family
 
 
 @attrs.define(eq=False)
@@ -228,6 +269,13 @@ class Metrics:
             "braid_admission_queued_requests", "Requests waiting for their first engine slot", registry=self.registry
         ).set_function(queued)
 
+    def track_engine(self, families: EngineFamilies, queued: Callable[[], float]) -> None:
+        """Expose the engine's own families (vLLM's ``vllm:*``) beside braid's, with ``queued()``
+        (braid's admission queue, read at scrape time) added to the waiting gauges: braid holds
+        the prompts that wait for engine slots itself, so the engine's own waiting count stays
+        near 0 and would tell an autoscaler nothing."""
+        self.registry.register(ForwardedFamilies(families, queued))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -269,4 +317,12 @@ class TokenTimer:
                 self._ttft.observe(now - self._arrived)
 
 
-__all__ = ["ABORT_CAUSES", "AbortCause", "Metrics", "PlainHistogram", "TokenTimer"]
+__all__ = [
+    "ABORT_CAUSES",
+    "AbortCause",
+    "EngineFamilies",
+    "ForwardedFamilies",
+    "Metrics",
+    "PlainHistogram",
+    "TokenTimer",
+]

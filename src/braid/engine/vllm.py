@@ -47,7 +47,9 @@ from braid.engine.vllm_common import (
     vllm_sampling_params,
 )
 from braid.engine.vllm_core import open_core_engine
+from braid.engine.vllm_stats import engine_families
 from braid.errors import EngineUnavailable
+from braid.metrics import EngineFamilies
 
 
 @attrs.define(eq=False)
@@ -84,6 +86,12 @@ class VllmEngine:
 
     def unfinished_requests(self) -> int:
         return int(self.llm.get_num_unfinished_requests())
+
+    @property
+    def families(self) -> EngineFamilies | None:
+        """vLLM's ``vllm:*`` families, which ``AsyncLLM``'s own Prometheus logger keeps (None when
+        its stats are off), for braid's ``/metrics``."""
+        return engine_families() if self.llm.logger_manager is not None else None
 
     def _params(self, p: SamplingParams, *, final_only: bool = False) -> Any:
         return vllm_sampling_params(self._params_cls, self._kind, p, final_only=final_only)

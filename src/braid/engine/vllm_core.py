@@ -50,7 +50,9 @@ from braid.engine.vllm_common import (
     map_error,
     vllm_sampling_params,
 )
+from braid.engine.vllm_stats import VllmStats, engine_families
 from braid.errors import BraidError, EngineError, EngineUnavailable
+from braid.metrics import EngineFamilies
 
 log = logging.getLogger("braid.engine")
 
@@ -257,6 +259,8 @@ class VllmCoreEngine:
     _parent_cls: Any  # vllm's ParentRequest (n > 1)
     _request_types: Any  # vllm's EngineCoreRequestType
     fault_hooks: bool = False
+    stats: VllmStats | None = None
+    """vLLM's Prometheus stat logger, fed by the output pump (:mod:`.vllm_stats`)."""
     _dead: BaseException | None = None
     _utility: dict[int, tuple[trio.Event, list[Any]]] = attrs.field(factory=dict)
     _failures: list[OutputSlot] = attrs.field(factory=list)  # failed slots not yet reported
@@ -267,6 +271,11 @@ class VllmCoreEngine:
 
     def unfinished_requests(self) -> int:
         return int(self.output_processor.get_num_unfinished_requests())
+
+    @property
+    def families(self) -> EngineFamilies | None:
+        """vLLM's ``vllm:*`` families, for braid's ``/metrics`` (None when stats are off)."""
+        return engine_families() if self.stats is not None else None
 
     # -- to the engine core ------------------------------------------------------------------
 
@@ -405,6 +414,7 @@ class VllmCoreEngine:
         decode = client.decoder.decode
         validate_alive = client.resources.validate_alive
         op = self.output_processor
+        stats = self.stats
         try:
             while True:
                 # The fd only says "look again": ZMQ_EVENTS is the truth, and reading it also
@@ -425,17 +435,21 @@ class VllmCoreEngine:
                         self._utility_result(outputs.utility_output)
                         continue
                     step = outputs.outputs
+                    # As AsyncLLM does: one IterationStats per message that has outputs.
+                    iteration = stats.iteration() if stats is not None and step else None
                     for start in range(0, len(step), OUTPUT_CHUNK):
                         if start:
                             # A step of a 1024-prompt batch: let the streams run between chunks.
                             await trio.lowlevel.checkpoint()
-                        processed = op.process_outputs(step[start : start + OUTPUT_CHUNK], outputs.timestamp, None)
+                        processed = op.process_outputs(step[start : start + OUTPUT_CHUNK], outputs.timestamp, iteration)
                         # Requests the output processor finished itself (stop strings).
                         self._abort_in_core(processed.reqs_to_abort)
                         if self._failures:
                             # Only now, outside the output processor: the handlers abort.
                             self._report_failures()
                     op.update_scheduler_stats(outputs.scheduler_stats)
+                    if stats is not None:
+                        stats.record(outputs.scheduler_stats, iteration)
                 await trio.lowlevel.wait_readable(fd)
         except Exception as exc:
             log.exception("the engine's output pump failed; the engine is now unavailable")
@@ -536,20 +550,24 @@ async def open_core_engine(
             config = AsyncEngineArgs(**{**engine_args, "max_num_seqs": seqs + extra}).create_engine_config()
         renderer = renderer_from_config(config)
         inputs = InputProcessor(config, renderer)
-        # No stat loggers: braid's /metrics does not show vLLM's engine statistics, and without
-        # log_stats the engine core does not compute them either.
+        # Statistics on, as AsyncLLM has them unless disable_log_stats: the engine core computes
+        # the scheduler's, the output processor the requests', and vLLM's Prometheus logger
+        # (VllmStats) turns them into the vllm:* families of braid's /metrics.
+        log_stats = not engine_args.get("disable_log_stats", False)
         outputs = OutputProcessor(
-            renderer.tokenizer, log_stats=False, stream_interval=config.scheduler_config.stream_interval
+            renderer.tokenizer, log_stats=log_stats, stream_interval=config.scheduler_config.stream_interval
         )
         client = _core_client_class()(
             asyncio_mode=False,
             vllm_config=config,
             executor_class=Executor.get_class(config),
-            log_stats=False,
+            log_stats=log_stats,
             renderer=renderer,
         )
+        stats = VllmStats(config) if log_stats else None
         return (
             extra,
+            stats,
             config,
             renderer,
             inputs,
@@ -563,6 +581,7 @@ async def open_core_engine(
 
     (
         extra,
+        stats,
         config,
         renderer,
         inputs,
@@ -577,7 +596,18 @@ async def open_core_engine(
         info, tokenizer = await make_info(config.model_config)
         info = attrs.evolve(info, max_num_seqs=config.scheduler_config.max_num_seqs, reserved_seqs=extra)
         engine = VllmCoreEngine(
-            client, inputs, outputs, (), info, tokenizer, kind, params_cls, parent_cls, request_types, fault_hooks
+            client,
+            inputs,
+            outputs,
+            (),
+            info,
+            tokenizer,
+            kind,
+            params_cls,
+            parent_cls,
+            request_types,
+            fault_hooks,
+            stats,
         )
         async with trio.open_nursery() as nursery:
             nursery.start_soon(engine.pump_outputs)

@@ -26,7 +26,7 @@ import braid
 from braid.engine.base import Engine
 from braid.errors import BraidError, error_payload
 from braid.http import access_log, auth, cors, counting, forwarded, limits
-from braid.metrics import Metrics
+from braid.metrics import EngineFamilies, Metrics
 from braid.routes import chat, completions, tokenize
 from braid.routes.common import AppState, JsonResponse, Route, ViewResult, error_headers
 from braid.settings import Settings
@@ -128,6 +128,11 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
     forwarded.install(app, settings.forwarded_allow_ips)
     state.metrics.track_engine_unfinished(engine.unfinished_requests)
     state.metrics.track_admission(lambda: state.admission.in_use, lambda: state.admission.queued)
+    # vLLM's own families (vllm:*) when the engine keeps them; braid's waiting requests (those in
+    # admission's ring, waiting for engine slots) count in vllm:num_requests_waiting.
+    families: EngineFamilies | None = getattr(engine, "families", None)
+    if families is not None:
+        state.metrics.track_engine(families, lambda: state.admission.waiting)
     app.extensions["braid"] = state
 
     @app.errorhandler(BraidError)
