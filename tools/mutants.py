@@ -175,8 +175,8 @@ MUTANTS = [
         "stream/merge.py",
         (
             (
-                "Usage(self._prompt_tokens[prompt_idx], c.completion_tokens)",
-                "Usage(self.plan.prompt_tokens, c.completion_tokens)",
+                "Usage(self._prompt_tokens[prompt_idx], c.completion_tokens, reasoning_tokens=c.reasoning_tokens)",
+                "Usage(self.plan.prompt_tokens, c.completion_tokens, reasoning_tokens=c.reasoning_tokens)",
             ),
         ),
         "continuous usage reports the whole batch's prompt tokens on every chunk",
