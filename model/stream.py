@@ -1170,51 +1170,122 @@ def tool_calls_finish(trace: Trace) -> Iterable[str]:
                 yield f"choice {j}: finish_reason {c.get('finish_reason')!r}, expected {want!r} (engine: {fin!r}, called: {called})"
 
 
-def check_server(traces: list[Trace], max_in_flight: int, reserve: int = 0) -> list[Violation]:
+def check_server(
+    traces: list[Trace], max_in_flight: int, reserve: int = 0, background_slots: int = 0
+) -> list[Violation]:
     """Admission's server-wide rules over the traces of every request of one run (one ``seq``).
 
-    A request's priority is its ``request.priority`` (vLLM's field: lower is earlier; absent: 0).
+    A request's rank is its class, then its priority: ``request.background`` (it asked for the
+    background class, or its key put it there; absent: interactive) sorts after every interactive
+    request, then ``request.priority`` (vLLM's field: lower is earlier; absent: 0). The
+    background class's *room* is ``max_in_flight - reserve``, or ``background_slots`` when that
+    is set and smaller.
 
     * A1 (slot bound): the slots granted and not yet released, summed over all requests, never
       exceed ``max_in_flight`` (when it is not 0).
     * A2 (round-robin): while a request waits for a grant (from its ``slot_ask`` to its
-      ``slot_grant``), no other request of the same or a worse priority is granted slots twice.
-      So a request's wait is bounded by the number of requests of its priority admitted ahead of
-      it, not by their prompt counts (better priorities may pass it any number of times).
-    * A3 (priority): a request is granted slots only when every request of a better priority
-      that waits could not take them: its ask is more than the free slots (less the ``reserve``
-      when it holds slots already: the reserve is for requests holding none).
+      ``slot_grant``), no other request of the same or a worse rank is granted slots twice.
+      So a request's wait is bounded by the number of requests of its rank admitted ahead of
+      it, not by their prompt counts (better ranks may pass it any number of times).
+    * A3 (priority): a request is granted slots only when every request of a better rank that
+      waits could not take them: its ask is more than the free slots (less the ``reserve`` when
+      it holds slots already, or is of the background class, which never takes the reserve; and
+      more than what is left of the background room, for the background class).
+    * A4 (background yields): a background request is granted slots only while no interactive
+      request waits, whatever the interactive one asks for. With A5, an interactive request's
+      wait does not grow with the background backlog: once it asks, the background class takes
+      no slot more, and holds at most its room.
+    * A5 (background room): the slots granted to background requests never exceed the room, and
+      a grant to one never leaves fewer than ``reserve`` slots free.
+    * A6 (background progress): whenever admission has settled (before each ask, release or
+      cancel, and at the end), if no interactive request waits, the longest-waiting background
+      request of the best background priority does not wait for slots that are free (its ask
+      fits the free slots less the reserve, and the background room). So once interactive
+      traffic stops, background requests are admitted as slots free up.
     """
     merged = sorted(
         ((r, i) for i, t in enumerate(traces) for r in t["records"] if r["kind"].startswith("slot_")),
         key=lambda x: x[0]["seq"],
     )
     priority = [int(t.get("request", {}).get("priority") or 0) for t in traces]
+    background = [bool(t.get("request", {}).get("background")) for t in traces]
+    rank = [(background[i], priority[i]) for i in range(len(traces))]
+    room = max_in_flight - reserve
+    if background_slots:
+        room = min(room, background_slots)
     out: list[Violation] = []
-    held = 0
+    held = background_held = 0
     holds = [0] * len(traces)
-    asks: dict[int, int] = {}  # request -> the slots of its pending ask
+    asks: dict[int, int] = {}  # request -> the slots of its pending ask (in ask order)
     waiting: dict[int, dict[int, int]] = {}  # request -> grants to each other request since its ask
+
+    def settled(where: str) -> None:
+        if not max_in_flight or any(not background[j] for j in asks):
+            return
+        pending = [j for j in asks if background[j]]
+        if not pending:
+            return
+        best = min(priority[j] for j in pending)
+        head = next(j for j in pending if priority[j] == best)
+        want = asks[head]
+        if want <= max_in_flight - held - reserve and background_held + want <= room:
+            out.append(
+                Violation(
+                    -7,
+                    "background_progress",
+                    f"{where}: background request {head} waits for {want} slots with "
+                    f"{max_in_flight - held} free and no interactive request waiting",
+                )
+            )
+
     for r, i in merged:
         kind = r["kind"]
+        if kind != "slot_grant":
+            settled(f"seq {r['seq']}")
         if kind == "slot_grant":
             if max_in_flight:
                 free = max_in_flight - held
                 for j, want in asks.items():
-                    if j == i or priority[j] >= priority[i] or j not in waiting:
+                    if j == i or j not in waiting:
                         continue
-                    room = free - (reserve if holds[j] else 0)
-                    if want <= room:
+                    if background[i] and not background[j]:
+                        out.append(
+                            Violation(
+                                -5,
+                                "background_yields",
+                                f"seq {r['seq']}: background request {i} was granted slots while "
+                                f"interactive request {j} waited for {want}",
+                            )
+                        )
+                        continue
+                    if rank[j] >= rank[i]:
+                        continue
+                    can = free - (reserve if holds[j] or background[j] else 0)
+                    if background[j]:
+                        can = min(can, room - background_held)
+                    if want <= can:
                         out.append(
                             Violation(
                                 -4,
                                 "priority",
-                                f"seq {r['seq']}: request {i} (priority {priority[i]}) was granted slots "
-                                f"while request {j} (priority {priority[j]}) waited for {want} of {room} free",
+                                f"seq {r['seq']}: request {i} (rank {rank[i]}) was granted slots "
+                                f"while request {j} (rank {rank[j]}) waited for {want} of {can} free",
                             )
                         )
             held += r["slots"]
             holds[i] += r["slots"]
+            if background[i]:
+                background_held += r["slots"]
+                if max_in_flight and (background_held > room or held > max_in_flight - reserve):
+                    out.append(
+                        Violation(
+                            -6,
+                            "background_room",
+                            f"seq {r['seq']}: background request {i} granted {r['slots']}: the background "
+                            f"class holds {background_held} of its {room}, {max_in_flight - held} slots free "
+                            f"(reserve {reserve})",
+                        )
+                    )
             if max_in_flight and held > max_in_flight:
                 out.append(
                     Violation(-2, "slot_bound", f"seq {r['seq']}: {held} slots granted, the server has {max_in_flight}")
@@ -1222,8 +1293,8 @@ def check_server(traces: list[Trace], max_in_flight: int, reserve: int = 0) -> l
             waiting.pop(i, None)
             asks.pop(i, None)
             for j, seen in waiting.items():
-                if priority[i] < priority[j]:
-                    continue  # a better priority may pass
+                if rank[i] < rank[j]:
+                    continue  # a better rank may pass
                 seen[i] = seen.get(i, 0) + 1
                 if seen[i] == 2:
                     out.append(
@@ -1236,12 +1307,15 @@ def check_server(traces: list[Trace], max_in_flight: int, reserve: int = 0) -> l
         elif kind == "slot_release":
             held -= r["slots"]
             holds[i] -= r["slots"]
+            if background[i]:
+                background_held -= r["slots"]
         elif kind == "slot_ask":
             waiting[i] = {}
             asks[i] = r["slots"]
         elif kind == "slot_cancel":
             waiting.pop(i, None)
             asks.pop(i, None)
+    settled("at the end")
     return out
 
 

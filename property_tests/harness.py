@@ -155,6 +155,8 @@ class Scenario:
     # admission (one request alone; the stateful test shares one admission between requests)
     priority: int = 0
     """vLLM's ``priority`` (lower is earlier): the request's place in admission's order."""
+    background: bool = False
+    """``service_tier: "flex"``: the request is of admission's background class."""
     max_in_flight: int = 0
     reserve: int = 0
 
@@ -196,6 +198,8 @@ class Scenario:
             body["seed"] = self.seed
         if self.priority:
             body["priority"] = self.priority
+        if self.background:
+            body["service_tier"] = "flex"
         if self.parser is not None:
             body.update(tools=TOOLS, tool_choice=self.tool_choice)
             if not self.parallel:
@@ -220,6 +224,7 @@ class Scenario:
             "include_usage": self.stream and self.include_usage,
             "continuous_usage": self.stream and self.include_usage and self.continuous_usage,
             "priority": self.priority,
+            "background": self.background,
         }
         if self.chat is not None:
             req["conversations"] = self.conversations if self.chat == "batch" else self.conversations[:1]
@@ -322,8 +327,8 @@ class RecordingAdmission(Admission):
     def __attrs_post_init__(self) -> None:
         self.observer = self._observe
 
-    def admit(self) -> Ticket:
-        ticket = super().admit()
+    def admit(self, *, background: bool = False) -> Ticket:
+        ticket = super().admit(background=background)
         rec = CURRENT.get()
         rec.max_in_flight = self.slots
         self.owners[id(ticket)] = rec

@@ -158,7 +158,7 @@ def scenarios(
         **chat_fields,
         **parsing_fields,
         prompts=tuple(prompts),
-        n=draw(st.integers(1, 4)),
+        n=(n := draw(st.integers(1, 4))),
         max_tokens=max_tokens,
         stream=is_stream,
         include_usage=include_usage,
@@ -186,4 +186,7 @@ def scenarios(
         max_in_flight=(slots := draw(st.sampled_from([0, 4, 5, 8]))),
         reserve=draw(st.sampled_from([0, 1])) if slots else 0,
         priority=draw(st.sampled_from([0, 0, 0, -1, 2])),
+        # the background class holds at most BACKGROUND_SLOTS (property_tests/test_stateful.py)
+        # of the slots: a larger n is a 400
+        background=n <= 2 and draw(st.sampled_from([False, False, True])),
     )

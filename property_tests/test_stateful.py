@@ -34,6 +34,8 @@ from property_tests.strategies import scenarios
 SLOTS = 4
 """The server's engine slots: fewer than the prompts the requests bring, so they queue (n <= 4 fits)."""
 RESERVE = 1
+BACKGROUND_SLOTS = 2
+"""The background class's cap: below SLOTS - RESERVE, so the cap binds."""
 
 
 class ConcurrentRequests(RuleBasedStateMachine):
@@ -41,7 +43,7 @@ class ConcurrentRequests(RuleBasedStateMachine):
         super().__init__()
         self.clock = trio.testing.MockClock()  # autojump off: time moves only in advance()
         self.engine = RecordingEngine(ScriptedEngine(token_delay=0.5))
-        self.admission = RecordingAdmission(slots=SLOTS, reserve=RESERVE)
+        self.admission = RecordingAdmission(slots=SLOTS, reserve=RESERVE, background_slots=BACKGROUND_SLOTS)
         self.seq = itertools.count()
         self.requests: list[tuple[Recorder, Stop]] = []
         self.ended: set[int] = set()
@@ -127,7 +129,7 @@ class ConcurrentRequests(RuleBasedStateMachine):
                 trace = rec.trace()
                 bad = [v for v in check_trace(trace) if v.name in PREFIX_SAFE]
                 assert not bad, "\n".join(map(str, bad))
-            server = check_server([rec.trace() for rec, _ in self.requests], SLOTS, RESERVE)
+            server = check_server([rec.trace() for rec, _ in self.requests], SLOTS, RESERVE, BACKGROUND_SLOTS)
             assert not server, "\n".join(map(str, server))
             assert self.engine.inner.in_flight <= SLOTS
             aborted = self.engine.inner.aborted_ids
@@ -155,7 +157,8 @@ class ConcurrentRequests(RuleBasedStateMachine):
                     bad = check_trace(rec.trace())
                     assert not bad, "\n".join(map(str, bad))
                 assert self.engine.inner.in_flight == 0
-                assert (self.admission.in_use, self.admission.queued, self.admission.waiting) == (0, 0, 0)
+                adm = self.admission
+                assert (adm.in_use, adm.queued, adm.queued_background, adm.background_in_use, adm.waiting) == (0,) * 5
 
             self._call(final)
         finally:
@@ -172,7 +175,8 @@ class ConcurrentChatRequests(ConcurrentRequests):
 
     def __init__(self) -> None:
         super().__init__()
-        self.admission = RecordingAdmission(slots=SLOTS, reserve=RESERVE)  # before any request opens
+        # before any request opens
+        self.admission = RecordingAdmission(slots=SLOTS, reserve=RESERVE, background_slots=BACKGROUND_SLOTS)
 
     @rule(s=scenarios(max_prompts=8, chat=True))
     def open_chat_request(self, s) -> None:  # type: ignore[no-untyped-def]

@@ -238,8 +238,8 @@ MUTANTS = [
         "stream/admit.py",
         (
             (
-                "        return cost <= (free - self.reserve if holds else free)",
-                "        return cost <= (free - self.reserve if holds else free) + 1",
+                "        return cost <= (free - self.reserve if ticket.holds else free)",
+                "        return cost <= (free - self.reserve if ticket.holds else free) + 1",
             ),
         ),
         "one engine request more than the server's slots is let into the engine",
@@ -432,8 +432,65 @@ MUTANTS = [
     Mutant(
         "priority_reversed",
         "stream/admit.py",
-        (("            for ring in self._ring.levels():", "            for ring in reversed(self._ring.levels()):"),),
+        (("        return (self.background, self.priority)\n", "        return (self.background, -self.priority)\n"),),
         "admission serves the worst priority first",
+    ),
+    # The background class (issue 28): A4-A6 of model/stream.py's check_server.
+    Mutant(
+        "background_ignored",
+        "stream/admit.py",
+        (("        turning = background and not self.background\n", "        turning = False\n"),),
+        "a request that asks for the background class (service_tier flex) is admitted as interactive",
+    ),
+    Mutant(
+        "background_first",
+        "stream/admit.py",
+        (
+            (
+                "            for rank, ring in self._ring.levels():\n",
+                "            for rank, ring in sorted(self._ring.levels(), key=lambda level: not level[0][0]):\n",
+            ),
+        ),
+        "the background class's rings are served before the interactive ones",
+    ),
+    Mutant(
+        "background_passes_waiting",
+        "stream/admit.py",
+        (("                if background and passed:\n", "                if False:\n"),),
+        "a background request takes slots an interactive request held back by the reserve cannot",
+    ),
+    Mutant(
+        "background_takes_reserve",
+        "stream/admit.py",
+        (
+            (
+                "            return cost <= free - self.reserve and self.background_in_use",
+                "            return cost <= free and self.background_in_use",
+            ),
+        ),
+        "a background request takes the slots kept for interactive newcomers",
+    ),
+    Mutant(
+        "background_uncapped",
+        "stream/admit.py",
+        (
+            (
+                "self.background_in_use + cost <= self.background_room\n",
+                "self.background_in_use + cost <= self.slots\n",
+            ),
+        ),
+        "the background class is not held to --batch-max-slots",
+    ),
+    Mutant(
+        "background_waits_for_idle",
+        "stream/admit.py",
+        (
+            (
+                "                if background and passed:\n",
+                "                if background and (passed or self.in_use > self.background_in_use):\n",
+            ),
+        ),
+        "a background request waits while any interactive request holds slots, not only while one waits",
     ),
 ]
 

@@ -84,6 +84,9 @@ class Settings:
     """Requests that may wait for their first engine slot before new ones get a 429."""
     reserve: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(0)))
     """Slots kept for requests holding none; None: a sixteenth of the engine's running cap (at least 1)."""
+    background_slots: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    """Engine slots the background class may hold at once (``docs/admission.md``); 0: every slot
+    but the reserve, so background work alone runs the engine as full as a batch does."""
     request_timeout: float | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.gt(0))
     )
@@ -93,6 +96,8 @@ class Settings:
     # Not in the repr, so that logging the settings never shows a key.
     api_keys: tuple[str, ...] = attrs.field(default=(), converter=_strings, validator=_bearer_keys, repr=False)
     """Bearer keys; when set, every request but GET /health needs one (braid.http.auth)."""
+    background_keys: tuple[str, ...] = attrs.field(default=(), converter=_strings, validator=_bearer_keys, repr=False)
+    """Keys (each one of ``api_keys`` too) whose every request is of the background class."""
     metrics_public: bool = False
     """With api_keys: GET /metrics is open too."""
     trust_request_chat_template: bool = False

@@ -98,6 +98,7 @@ def test_absent_fields_are_none_or_vllms_default() -> None:
 NOT_SAMPLING = {
     "model", "prompt", "stream", "stream_options", "echo", "return_token_ids", "return_tokens_as_token_ids",
     "add_special_tokens", "truncate_prompt_tokens", "truncation_side", "request_id", "user", "priority",
+    "service_tier",
     "best_of", *UNSUPPORTED, *UNSUPPORTED_COMPLETIONS, "response_format", *GUIDED,
 }  # fmt: skip
 

@@ -65,7 +65,7 @@ async def test_a_better_priority_is_granted_first_and_equal_ones_share_a_ring() 
         tickets = {}
         for name, priority in (("late", 5), ("batch", 0), ("urgent", -1), ("other", 0)):
             t = tickets[name] = adm.admit()
-            t.prioritize(priority)
+            t.classify(priority)
             await _acquire_in_order(nursery, t, 1, log, name, times=2 if name == "batch" else 1)
         assert adm.waiting == 4
         while len(log) < 5:
@@ -84,10 +84,10 @@ async def test_a_worse_priority_never_passes_a_better_one_that_does_not_fit_yet(
     log: list[str] = []
     async with trio.open_nursery() as nursery:
         wide = adm.admit()
-        wide.prioritize(0)
+        wide.classify(0)
         await _acquire_in_order(nursery, wide, 2, log, "wide")  # n=2: needs both slots
         cheap = adm.admit()
-        cheap.prioritize(1)
+        cheap.classify(1)
         await _acquire_in_order(nursery, cheap, 1, log, "cheap")
         assert log == [] and adm.in_use == 1  # a slot is free, but the better request waits for two
         first.release(1)
@@ -211,3 +211,67 @@ def test_defaults_follow_the_engine() -> None:
     uncapped = ModelInfo("m", "m", max_model_len=16, vocab_size=8)
     assert admission_for(Settings(), uncapped).slots == 0
     assert default_reserve(64) == 4 and default_reserve(8) == 1
+
+
+async def test_background_takes_only_slots_no_interactive_request_waits_for() -> None:
+    adm = Admission(slots=4, reserve=1, background_slots=2)
+    log: list[str] = []
+    bg = adm.admit(background=True)
+    assert (adm.queued, adm.queued_background) == (0, 1)
+    inter = adm.admit()
+    async with trio.open_nursery() as nursery:
+        await _acquire_in_order(nursery, bg, 1, log, "bg", times=3)
+        assert (log, adm.background_in_use) == (["bg", "bg"], 2)  # the cap, not the free slots
+        await _acquire_in_order(nursery, inter, 2, log, "i", times=2)
+        assert log[2:] == ["i"]  # 2 free: the interactive request starts at once
+        bg.release(1)  # one free slot, and an interactive ask of 2 waits: the background gets none
+        await trio.testing.wait_all_tasks_blocked()
+        assert log[3:] == []
+        inter.release(2)  # the interactive request's second prompt; the one slot left is the reserve
+        await trio.testing.wait_all_tasks_blocked()
+        assert log[3:] == ["i"]
+        inter.release(2)  # now the background's third
+        await trio.testing.wait_all_tasks_blocked()
+        assert log[3:] == ["i", "bg"]
+        nursery.cancel_scope.cancel()
+    bg.close()
+    inter.close()
+    assert (adm.in_use, adm.background_in_use, adm.queued, adm.queued_background) == (0, 0, 0, 0)
+
+
+async def test_background_never_takes_the_reserve() -> None:
+    adm = Admission(slots=4, reserve=2)
+    bg = adm.admit(background=True)
+    await bg.acquire(2)
+    with trio.move_on_after(1):
+        await bg.acquire(1)  # 2 free, both the reserve's
+        raise AssertionError("a background request took the reserve")
+    newcomer = adm.admit()
+    with trio.testing.assert_no_checkpoints():
+        await newcomer.acquire(2)
+
+
+async def test_a_background_backlog_never_gets_an_interactive_request_refused() -> None:
+    adm = Admission(slots=1, max_queued=2)
+    await adm.admit().acquire(1)  # the one slot is busy: newcomers would wait
+    first = adm.admit(background=True)
+    second = adm.admit()
+    second.classify(0, background=True)  # a body asking for service_tier flex
+    assert (adm.queued, adm.queued_background) == (0, 2)
+    with pytest.raises(TooManyRequests, match="background"):
+        adm.admit(background=True)
+    adm.admit()  # the interactive queue has room
+    with pytest.raises(TooManyRequests, match="background"):
+        adm.admit().classify(0, background=True)
+    first.close()
+    assert adm.queued_background == 1
+
+
+def test_a_background_n_beyond_the_class_room_is_a_400_naming_n() -> None:
+    adm = Admission(slots=8, reserve=2, background_slots=4)
+    assert adm.background_room == 4
+    with pytest.raises(InvalidRequest) as e:
+        adm.admit().classify(0, background=True, cost=5)
+    assert e.value.param == "n"
+    adm.admit().classify(0, background=True, cost=4)
+    assert Admission(slots=8, reserve=2).background_room == 6

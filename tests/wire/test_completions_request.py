@@ -445,6 +445,7 @@ def test_a_non_object_body_is_a_schema_error(body: bytes) -> None:
 NOT_SAMPLING = {
     "model", "prompt", "stream", "stream_options", "echo", "return_token_ids", "return_tokens_as_token_ids",
     "add_special_tokens", "truncate_prompt_tokens", "truncation_side", "request_id", "user", "priority",
+    "service_tier",
     "best_of", *UNSUPPORTED, *UNSUPPORTED_COMPLETIONS,
     # Structured output: read with structured_outputs into SamplingParams.structured_outputs.
     "response_format", *GUIDED,

@@ -36,10 +36,13 @@ def api_keys(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, ...
 def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Settings:
     """The front end's settings from ``braid serve``'s flags and ``env`` (default: the process's);
     ValueError for a value the settings refuse."""
+    background = tuple(key for keys in args.background_api_key_file for key in keys)
+    keys = api_keys(args, os.environ if env is None else env)
     return from_args(
         Settings,
         args,
-        api_keys=api_keys(args, os.environ if env is None else env),
+        api_keys=keys + tuple(k for k in background if k not in keys),
+        background_keys=background,
         parsers=from_args(ParserOptions, args),
     )
 

@@ -160,6 +160,15 @@ def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser], env
         metavar="PATH",
         help="API keys, one per line; blank lines and lines starting with # are skipped (repeatable)",
     )
+    k.add_argument(
+        "--background-api-key-file",
+        type=key_file,
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="API keys whose every request runs in the background class (docs/admission.md), one per "
+        "line like --api-key-file; they are valid keys too (repeatable)",
+    )
     add_field_option(
         k,
         Settings,
@@ -275,6 +284,16 @@ def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser], env
         type=int,
         metavar="Q",
         help="requests that may wait for their first engine slot; more get 429 with Retry-After",
+    )
+    add_field_option(
+        a,
+        Settings,
+        "background_slots",
+        "--batch-max-slots",
+        type=int,
+        metavar="B",
+        help="engine slots the background class (service_tier flex, background keys) may hold at once; "
+        "it takes only slots no interactive request waits for (0: every slot but the reserve)",
     )
     add_field_option(
         a,

@@ -26,6 +26,7 @@ import braid
 from braid.engine.base import Engine
 from braid.errors import BraidError, error_payload
 from braid.http import access_log, auth, cors, counting, forwarded, limits
+from braid.http.auth import BACKGROUND
 from braid.metrics import EngineFamilies, Metrics
 from braid.routes import chat, completions, tokenize
 from braid.routes.common import AppState, JsonResponse, Route, ViewResult, error_headers
@@ -95,7 +96,13 @@ def _serve(app: BraidApp, state: AppState, route: Route) -> None:
 
     async def handler() -> Response:
         client_id = request.headers.get("X-Request-Id")
-        result = await view(state, read_body, content_type=request.headers.get("Content-Type"), request_id=client_id)
+        result = await view(
+            state,
+            read_body,
+            content_type=request.headers.get("Content-Type"),
+            request_id=client_id,
+            background=bool(request.scope.get(BACKGROUND, False)),
+        )
         return _answer(result, client_id)
 
     app.add_url_rule(route.path, route.path, handler, methods=["POST"])

@@ -18,6 +18,10 @@ The contract, when ``Settings.api_keys`` is not empty:
   every key, all of them every time, so neither the matching key nor a key's length shows in
   the timing.
 
+* A request with one of ``Settings.background_keys`` runs in the background class: the guard
+  sets :data:`BACKGROUND` in its scope, and the generating routes read it
+  (``docs/admission.md``). Which key matched is found in the same constant-time pass.
+
 With no keys the middleware is not installed at all (:func:`install`): everything is open.
 """
 
@@ -34,6 +38,9 @@ from braid.settings import Settings
 from braid.wire.output import error_body
 
 _OPEN_METHODS = frozenset({"GET", "HEAD"})
+
+BACKGROUND = "braid.background"
+"""The ASGI scope key set (to True) for a request that presented a background key."""
 
 
 def parse_key_file(text: str) -> list[str]:
@@ -54,16 +61,27 @@ def _digest(token: bytes) -> bytes:
 class KeyGuard:
     """The ASGI middleware around the app (see the module's contract)."""
 
-    def __init__(self, app: ASGIApp, keys: Iterable[str], open_paths: Iterable[str]) -> None:
+    def __init__(
+        self, app: ASGIApp, keys: Iterable[str], open_paths: Iterable[str], background: Iterable[str] = ()
+    ) -> None:
         self.app = app
-        self._digests = [_digest(k.encode()) for k in keys]
+        back = frozenset(background)
+        self._digests = [(_digest(k.encode()), k in back) for k in keys]
         if not self._digests:
             raise ValueError("KeyGuard needs at least one key")
+        if not back <= {k for k in keys}:
+            raise ValueError("a background key must be one of the keys")
         self._open = frozenset(open_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
-        if kind == "lifespan" or self._exempt(scope) or self._authorized(scope):
+        if kind == "lifespan" or self._exempt(scope):
+            await self.app(scope, receive, send)
+            return
+        match = self._match(scope)
+        if match is not None:
+            if match:
+                scope = {**scope, BACKGROUND: True}
             await self.app(scope, receive, send)
         elif kind == "websocket":
             await send({"type": "websocket.close", "code": 1008})
@@ -76,18 +94,21 @@ class KeyGuard:
         path = scope["path"]
         return path in self._open and scope.get("raw_path", path.encode()) == path.encode()
 
-    def _authorized(self, scope: Scope) -> bool:
+    def _match(self, scope: Scope) -> bool | None:
+        """None: no valid key; else whether the key presented is a background key."""
         values = [v for k, v in scope["headers"] if k.lower() == b"authorization"]
         if len(values) != 1:
-            return False
+            return None
         scheme, _, token = values[0].strip().partition(b" ")
         if scheme.lower() != b"bearer":
-            return False
+            return None
         presented = _digest(token.strip())
-        ok = False
-        for digest in self._digests:  # every key, every time: no early exit on a match
-            ok |= hmac.compare_digest(presented, digest)
-        return ok
+        ok = background = False
+        for digest, is_background in self._digests:  # every key, every time: no early exit on a match
+            hit = hmac.compare_digest(presented, digest)
+            ok |= hit
+            background |= hit and is_background
+        return background if ok else None
 
 
 async def _refuse(send: Send, *, close: bool) -> None:
@@ -110,7 +131,7 @@ def install(app: Any, settings: Settings) -> None:
     """Wrap a quart app's ``asgi_app`` in a :class:`KeyGuard` when ``settings.api_keys`` is set."""
     if not settings.api_keys:
         return
-    app.asgi_app = KeyGuard(app.asgi_app, settings.api_keys, settings.open_paths)
+    app.asgi_app = KeyGuard(app.asgi_app, settings.api_keys, settings.open_paths, settings.background_keys)
 
 
-__all__ = ["KeyGuard", "install", "parse_key_file"]
+__all__ = ["BACKGROUND", "KeyGuard", "install", "parse_key_file"]

@@ -55,13 +55,14 @@ async def chat_completions(
     *,
     content_type: str | None,
     request_id: str | None,
+    background: bool = False,
     batch: bool = False,
 ) -> ViewResult:
     """Answer one chat request (``batch``: the batch route, a list of conversations), as
     :func:`braid.routes.completions.completions` answers its requests: the same admission, plan,
     run, errors and cancellation."""
     try:
-        ticket, arrived, deadline = admit(state, content_type, request_id)
+        ticket, arrived, deadline = admit(state, content_type, request_id, background)
         try:
             chat = parse_chat(
                 await read_body(),

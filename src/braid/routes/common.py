@@ -121,7 +121,9 @@ ViewResult = JsonResponse | CompletionStream
 class View(Protocol):
     """A route's view: the request's body (read only when the view asks), its ``Content-Type``
     and ``X-Request-Id`` headers (None when absent) -> its answer. Every
-    :class:`~braid.errors.BraidError` comes back as its JSON error; cancellation propagates."""
+    :class:`~braid.errors.BraidError` comes back as its JSON error; cancellation propagates.
+    ``background``: the request's API key runs its requests in the background class
+    (``braid.http.auth``); a view that takes no engine slots ignores it."""
 
     def __call__(
         self,
@@ -130,6 +132,7 @@ class View(Protocol):
         *,
         content_type: str | None,
         request_id: str | None,
+        background: bool = False,
     ) -> Awaitable[ViewResult]: ...
 
 
@@ -148,9 +151,12 @@ class Route:
             )
 
 
-def admit(state: AppState, content_type: str | None, request_id: str | None) -> tuple[Ticket, float, float]:
-    """The checks that need no body, then admission: the request's ticket, its arrival (where
-    the latency histograms start) and its deadline, on Trio's clock."""
+def admit(
+    state: AppState, content_type: str | None, request_id: str | None, background: bool = False
+) -> tuple[Ticket, float, float]:
+    """The checks that need no body, then admission: the request's ticket (of the background
+    class when its key is a background key), its arrival (where the latency histograms start)
+    and its deadline, on Trio's clock."""
     timeout = state.settings.request_timeout
     arrived = trio.current_time()
     deadline = arrived + timeout if timeout is not None else math.inf
@@ -168,7 +174,7 @@ def admit(state: AppState, content_type: str | None, request_id: str | None) -> 
     try:
         # Before the body is read or tokenized: a refused request costs nothing (vLLM counts its
         # queue only after rendering the prompts).
-        return state.admission.admit(), arrived, deadline
+        return state.admission.admit(background=background), arrived, deadline
     except BraidError:
         state.metrics.rejected.inc()
         raise
@@ -223,9 +229,17 @@ def open_run(
     observe: Callable[[int], Observe | None] | None = None,
 ) -> CompletionRun:
     """The run of a plan. ``observe(prompt_idx)``: the engine's ``observe`` hook for a prompt's
-    request (a parsed chat stream's: :meth:`braid.stream.parse.ChoiceParsing.observer`)."""
+    request (a parsed chat stream's: :meth:`braid.stream.parse.ChoiceParsing.observer`).
+
+    The ticket learns the plan's priority and class first; when its class refuses it (a full
+    background queue, an ``n`` the background class can never hold), the ticket is closed and
+    the error raised."""
+    try:
+        ticket.classify(plan.priority, background=plan.background, cost=plan.n)
+    except BraidError:
+        ticket.close()
+        raise
     state.metrics.prompts.observe(len(plan.items))
-    ticket.prioritize(plan.priority)
     return CompletionRun(
         state.engine,
         plan,

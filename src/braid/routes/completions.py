@@ -35,12 +35,18 @@ from braid.wire.openapi import GENERATION_ERRORS, REQUEST_ID, Operation, generat
 
 
 async def completions(
-    state: AppState, read_body: Callable[[], Awaitable[bytes]], *, content_type: str | None, request_id: str | None
+    state: AppState,
+    read_body: Callable[[], Awaitable[bytes]],
+    *,
+    content_type: str | None,
+    request_id: str | None,
+    background: bool = False,
 ) -> ViewResult:
     """Answer one completions request: a JSON response, or the stream to send as a 200.
 
     ``content_type`` and ``request_id`` are the request's ``Content-Type`` and ``X-Request-Id``
-    headers (``None`` when absent). ``read_body()`` reads the request body; it is called only
+    headers (``None`` when absent); ``background``, that its API key is a background key
+    (``braid.http.auth``). ``read_body()`` reads the request body; it is called only
     after the checks that need no body (the content type, a draining server, a dead engine), so a
     request refused by them costs no read.
 
@@ -62,7 +68,7 @@ async def completions(
     * Anything else is a bug, raised as it is; the app answers it with a 500.
     """
     try:
-        ticket, arrived, deadline = admit(state, content_type, request_id)
+        ticket, arrived, deadline = admit(state, content_type, request_id, background)
         try:
             req = parse_request(await read_body(), state.limits)
             plan = await plan_request(state, req, request_id, deadline, "cmpl")

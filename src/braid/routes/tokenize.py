@@ -55,6 +55,7 @@ async def tokenize(
     *,
     content_type: str | None,
     request_id: str | None = None,
+    background: bool = False,  # tokenizing takes no engine slot: no class
     inline_chars: int = INLINE_CHARS,
 ) -> JsonResponse:
     """Answer one ``POST /tokenize``: 200 with the tokens, or the JSON error (400, 404, 408,
@@ -84,6 +85,7 @@ async def detokenize(
     *,
     content_type: str | None,
     request_id: str | None = None,
+    background: bool = False,  # tokenizing takes no engine slot: no class
     inline_chars: int = INLINE_CHARS,
 ) -> JsonResponse:
     """Answer one ``POST /detokenize``: 200 with the text (special tokens spelled out, as vLLM

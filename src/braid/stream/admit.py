@@ -10,8 +10,9 @@ The rules, all of them here:
 * **Slots.** At most ``slots`` engine requests are in the engine at once, server wide; a prompt
   with ``n`` choices costs ``n`` slots (vLLM runs ``n`` sequences for it). ``slots=0``: unbounded.
 * **Queue.** A ticket that has never held a slot is *queued*. :meth:`Admission.admit` refuses a
-  request with :class:`~braid.errors.TooManyRequests` (429) when ``max_queued`` tickets are
-  queued already and the new one could not start at once.
+  request with :class:`~braid.errors.TooManyRequests` (429) when ``max_queued`` interactive
+  tickets are queued already and the new one could not start at once; :meth:`Ticket.classify`
+  refuses one turning background when ``max_queued`` background tickets are queued.
 * **Round-robin.** Tickets waiting for a slot stand in one ring, each with its one next prompt.
   A freed slot goes to the ticket at the head of the ring; a ticket that wants another slot
   after that joins the ring at its tail. So a request's wait for its first slot is bounded by
@@ -25,6 +26,15 @@ The rules, all of them here:
 * **Reserve.** The last ``reserve`` free slots go only to tickets that hold none: a newcomer
   starts at once while a large batch holds the rest, instead of waiting for a slot to free up.
   (With vLLM the engine is started with room for these; see ``docs/admission.md``.)
+* **Background.** A ticket of the background class (a batch job's line, a ``service_tier:
+  "flex"`` request, any request of a background key) is granted slots only when no interactive
+  ticket waits, never from the reserve, and only while the background class holds at most
+  ``background_slots`` slots. Its rings come after every interactive one; among them the head
+  is never passed. It hands its slots back between prompts like any ticket (a running prompt
+  is never aborted for an interactive one): so an interactive request's wait does not grow with
+  the background backlog, and background work takes every slot interactive work leaves idle.
+  Background tickets queue apart: ``max_queued`` of each class, so a background backlog never
+  gets an interactive request refused.
 * **Cancellation.** A cancelled :meth:`Ticket.acquire` leaves the ring and takes nothing, or
   hands back at once what was granted to it as it was cancelled. :meth:`Ticket.close` returns
   every slot the ticket still holds and drops its place in the queue; it is idempotent.
@@ -46,6 +56,9 @@ from braid.engine.base import ModelInfo
 from braid.errors import InvalidRequest, TooManyRequests
 from braid.settings import Settings
 
+Rank = tuple[bool, int]
+"""Where a waiting ticket stands: its class (background after interactive), then its priority."""
+
 
 def default_reserve(max_num_seqs: int) -> int:
     """The reserve for an engine that runs ``max_num_seqs`` at once: a sixteenth, at least one.
@@ -57,11 +70,12 @@ def default_reserve(max_num_seqs: int) -> int:
 
 @attrs.define(eq=False)
 class Rings:
-    """The waiting tickets: one round-robin ring per priority, iterated best priority first."""
+    """The waiting tickets: one round-robin ring per rank (class, then priority), best first."""
 
-    _rings: dict[int, deque[Ticket]] = attrs.Factory(dict)
-    _order: list[int] = attrs.Factory(list)
-    """The priorities that have a ring, sorted (lower is earlier)."""
+    _rings: dict[Rank, deque[Ticket]] = attrs.Factory(dict)
+    _order: list[Rank] = attrs.Factory(list)
+    """The ranks that have a ring, sorted: every interactive one, then the background ones, each
+    by priority (lower is earlier)."""
 
     def __len__(self) -> int:
         return sum(len(r) for r in self._rings.values())
@@ -74,26 +88,26 @@ class Rings:
             yield from self._rings[p]
 
     def append(self, ticket: Ticket) -> None:
-        """``ticket`` joins the tail of its priority's ring."""
-        ring = self._rings.get(ticket.priority)
+        """``ticket`` joins the tail of its rank's ring."""
+        ring = self._rings.get(ticket.rank)
         if ring is None:
-            ring = self._rings[ticket.priority] = deque()
-            bisect.insort(self._order, ticket.priority)
+            ring = self._rings[ticket.rank] = deque()
+            bisect.insort(self._order, ticket.rank)
         ring.append(ticket)
 
     def remove(self, ticket: Ticket) -> None:
-        ring = self._rings[ticket.priority]
+        ring = self._rings[ticket.rank]
         ring.remove(ticket)
         if not ring:
-            self._drop(ticket.priority)
+            self._drop(ticket.rank)
 
-    def _drop(self, priority: int) -> None:
-        del self._rings[priority]
-        self._order.remove(priority)
+    def _drop(self, rank: Rank) -> None:
+        del self._rings[rank]
+        self._order.remove(rank)
 
-    def levels(self) -> list[deque[Ticket]]:
-        """The rings, best priority first (a copy of the list: :meth:`prune` may change it)."""
-        return [self._rings[p] for p in self._order]
+    def levels(self) -> list[tuple[Rank, deque[Ticket]]]:
+        """The rings with their ranks, best first (a copy of the list: :meth:`prune` may change it)."""
+        return [(r, self._rings[r]) for r in self._order]
 
     def prune(self) -> None:
         """Drop the rings a grant scan has emptied."""
@@ -111,28 +125,50 @@ class Admission:
     """Free slots kept for requests that hold none."""
     retry_after: int = attrs.field(default=1, validator=attrs.validators.ge(1))
     """Seconds a refused client is told to wait (the ``Retry-After`` header)."""
+    background_slots: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    """Slots the background class may hold at once (0: every slot but the reserve)."""
     observer: Callable[[str, Ticket, int], None] | None = None
     """Told of every ``"ask"``, ``"grant"``, ``"cancel"`` (of an ask) and ``"release"``, with the ticket and the slots, at the
     moment it happens (the property suite records them for the model; None in production)."""
     in_use: int = 0
     """Slots granted now."""
     queued: int = 0
-    """Tickets that have never held a slot (and are not closed)."""
+    """Interactive tickets that have never held a slot (and are not closed)."""
+    queued_background: int = 0
+    """Background tickets that have never held a slot (and are not closed)."""
+    background_in_use: int = 0
+    """Slots granted to background tickets now (part of ``in_use``)."""
     _ring: Rings = attrs.Factory(lambda: Rings())
 
-    def admit(self) -> Ticket:
-        """A ticket for one request, or :class:`TooManyRequests` when the queue is full.
+    def admit(self, *, background: bool = False) -> Ticket:
+        """A ticket for one request, or :class:`TooManyRequests` when its class's queue is full.
 
-        A request that could start at once is never refused: only one that would wait behind a
+        ``background``: the request is of the background class already (its API key's). A
+        request that could start at once is never refused: only one that would wait behind a
         full queue."""
-        if self.queued >= self.max_queued and not self._could_start_now(1):
-            raise TooManyRequests(
-                f"The server is at capacity: {self.queued} requests are waiting for the engine. "
-                f"Retry after {self.retry_after} s.",
-                retry_after=self.retry_after,
-            )
-        self.queued += 1
-        return Ticket(self)
+        queued = self.queued_background if background else self.queued
+        if queued >= self.max_queued and not self._could_start_now(1):
+            raise self._full(queued, "background " if background else "")
+        if background:
+            self.queued_background += 1
+        else:
+            self.queued += 1
+        return Ticket(self, background=background)
+
+    def _full(self, queued: int, kind: str) -> TooManyRequests:
+        return TooManyRequests(
+            f"The server is at capacity: {queued} {kind}requests are waiting for the engine. "
+            f"Retry after {self.retry_after} s.",
+            retry_after=self.retry_after,
+        )
+
+    @property
+    def background_room(self) -> int:
+        """The most slots the background class can ever hold at once (``slots`` 0: unbounded, 0 here)."""
+        if not self.slots:
+            return 0
+        room = self.slots - self.reserve
+        return min(room, self.background_slots) if self.background_slots else room
 
     def check_cost(self, cost: int) -> None:
         """A prompt that costs more slots than the server has can never start: a 400 naming ``n``."""
@@ -148,19 +184,23 @@ class Admission:
         return len(self._ring)
 
     def _could_start_now(self, cost: int) -> bool:
-        """Would a newcomer wanting ``cost`` slots get them now (see :meth:`_grant`)?"""
+        """Would an interactive newcomer wanting ``cost`` slots get them now (see :meth:`_grant`)?"""
         if not self.slots:
             return True
         free = self.slots - self.in_use
-        return cost <= free and all(t._want <= free for t in self._ring)
+        return cost <= free and all(t._want <= free for t in self._ring if not t.background)
 
-    def _fits(self, cost: int, *, holds: int) -> bool:
+    def _fits(self, ticket: Ticket, cost: int) -> bool:
+        if not self.slots:
+            return True
+        free = self.slots - self.in_use
+        if ticket.background:
+            # Never the reserve: a background request need not start at once, an interactive
+            # newcomer must find it free.
+            return cost <= free - self.reserve and self.background_in_use + cost <= self.background_room
         # The reserve is for tickets holding nothing now (a request whose n is the whole slot
         # count must be able to start its next prompt once it has handed its slots back).
-        if not self.slots:
-            return True
-        free = self.slots - self.in_use
-        return cost <= (free - self.reserve if holds else free)
+        return cost <= (free - self.reserve if ticket.holds else free)
 
     def _grant(self) -> None:
         """Grant in ring order to every ticket whose next prompt fits.
@@ -172,21 +212,25 @@ class Admission:
         it before it holds slots itself. Other tickets holding slots never pass it."""
         passed = False  # a ticket held back by the reserve is behind us: only newcomers now
         try:
-            for ring in self._ring.levels():  # best priority first: a worse one never passes a better one that fits
+            # Best rank first: a worse one never passes a better one that fits.
+            for rank, ring in self._ring.levels():
+                background = rank[0]
+                if background and passed:
+                    return  # an interactive ticket still waits: no slot goes to the background class
                 i = 0
                 while i < len(ring):
                     ticket = ring[i]
                     # Only a request never granted anything may pass: one that has been, and has
                     # handed its slots back between two prompts, holds none but is no newcomer
                     # (A2: it would pass a waiting holder once per prompt).
-                    if (not passed or not ticket.started) and self._fits(ticket._want, holds=ticket.holds):
+                    if (not passed or not ticket.started) and self._fits(ticket, ticket._want):
                         del ring[i]
                         self._take(ticket, ticket._want)
                         ticket._want = 0
                         assert ticket._event is not None
                         ticket._event.set()
-                    elif ticket._want > self.slots - self.in_use:
-                        return
+                    elif background or ticket._want > self.slots - self.in_use:
+                        return  # the background class's head is never passed
                     else:
                         passed = True
                         i += 1
@@ -198,9 +242,23 @@ class Admission:
             self.observer("grant", ticket, cost)
         if not ticket.started:
             ticket.started = True
-            self.queued -= 1
+            self._unqueue(ticket)
         self.in_use += cost
         ticket.holds += cost
+        if ticket.background:
+            self.background_in_use += cost
+
+    def _unqueue(self, ticket: Ticket) -> None:
+        if ticket.background:
+            self.queued_background -= 1
+        else:
+            self.queued -= 1
+
+    def _give_back(self, ticket: Ticket, cost: int) -> None:
+        self.in_use -= cost
+        ticket.holds -= cost
+        if ticket.background:
+            self.background_in_use -= cost
 
 
 def admission_for(settings: Settings, info: ModelInfo) -> Admission:
@@ -216,7 +274,9 @@ def admission_for(settings: Settings, info: ModelInfo) -> Admission:
         reserve = min(reserve, slots - 1)  # a request holding slots can always get one more
     else:
         reserve = 0
-    return Admission(slots=slots, max_queued=settings.max_queued, reserve=reserve)
+    return Admission(
+        slots=slots, max_queued=settings.max_queued, reserve=reserve, background_slots=settings.background_slots
+    )
 
 
 @attrs.define(eq=False)
@@ -231,13 +291,41 @@ class Ticket:
     closed: bool = False
     priority: int = 0
     """The request's ``priority`` (lower is earlier): which ring it waits in. Set once the body
-    is read (:meth:`prioritize`), before its first prompt asks for slots."""
+    is read (:meth:`classify`), before its first prompt asks for slots."""
+    background: bool = False
+    """Of the background class (:meth:`classify`): granted only slots interactive work leaves."""
     _want: int = 0
     _event: trio.Event | None = None
 
-    def prioritize(self, priority: int) -> None:
-        """The request's priority, known once its body is read (the ticket is issued before)."""
-        assert self._want == 0 and not self.started, "a ticket's priority is set before it asks for slots"
+    @property
+    def rank(self) -> Rank:
+        return (self.background, self.priority)
+
+    def classify(self, priority: int, *, background: bool = False, cost: int = 1) -> None:
+        """The request's priority and class, known once its body is read (the ticket is issued
+        before), and ``cost``, its prompts' slots each. A ticket of the background class stays
+        there (a background key's request cannot leave it by what it sends).
+
+        Turning background, it leaves the interactive queue for the background one:
+        :class:`~braid.errors.TooManyRequests` when that is full, :class:`~braid.errors.InvalidRequest`
+        (naming ``n``) when ``cost`` is more than the background class may ever hold. Either way
+        the ticket is unchanged and still the caller's to close."""
+        assert self._want == 0 and not self.started, "a ticket is classified before it asks for slots"
+        adm = self.admission
+        turning = background and not self.background
+        room = adm.background_room
+        if (turning or self.background) and room and cost > room:
+            raise InvalidRequest(
+                f"n={cost} needs {cost} engine slots at once; this server gives background requests "
+                f"at most {room} (--batch-max-slots, --admission-reserve).",
+                param="n",
+            )
+        if turning:
+            if adm.queued_background >= adm.max_queued:
+                raise adm._full(adm.queued_background, "background ")
+            adm.queued -= 1
+            adm.queued_background += 1
+            self.background = True
         self.priority = priority
 
     async def acquire(self, cost: int) -> None:
@@ -252,7 +340,7 @@ class Ticket:
         assert self._want == 0, "one acquire at a time"
         if adm.observer is not None:
             adm.observer("ask", self, cost)
-        if not adm._ring and adm._fits(cost, holds=self.holds):
+        if not adm._ring and adm._fits(self, cost):
             adm._take(self, cost)
             return
         self._want = cost
@@ -279,8 +367,7 @@ class Ticket:
         assert 0 < cost <= self.holds
         if self.admission.observer is not None:
             self.admission.observer("release", self, cost)
-        self.holds -= cost
-        self.admission.in_use -= cost
+        self.admission._give_back(self, cost)
         self.admission._grant()
 
     def close(self) -> None:
@@ -290,17 +377,18 @@ class Ticket:
         self.closed = True
         adm = self.admission
         if self._want:
+            if adm.observer is not None:
+                adm.observer("cancel", self, self._want)
             adm._ring.remove(self)
             self._want = 0
         if not self.started:
             self.started = True
-            adm.queued -= 1
+            adm._unqueue(self)
         if self.holds:
             if adm.observer is not None:
                 adm.observer("release", self, self.holds)
-            adm.in_use -= self.holds
-            self.holds = 0
+            adm._give_back(self, self.holds)
         adm._grant()
 
 
-__all__ = ["Admission", "Rings", "Ticket", "admission_for", "default_reserve"]
+__all__ = ["Admission", "Rank", "Rings", "Ticket", "admission_for", "default_reserve"]

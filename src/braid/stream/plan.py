@@ -49,6 +49,8 @@ class Plan:
     """Report ``prompt_tokens_details.cached_tokens`` (the server's ``--enable-prompt-tokens-details``)."""
     priority: int = 0
     """The request's ``priority``: its place in admission's order (braid.stream.admit)."""
+    background: bool = False
+    """Asked for the background class (``service_tier: "flex"``; braid.stream.admit)."""
 
     @property
     def num_choices(self) -> int:
@@ -219,4 +221,5 @@ def make_plan(
         tokens_as_ids=req.return_tokens_as_token_ids,
         cached_tokens=cached_tokens,
         priority=req.priority,
+        background=req.background,
     )

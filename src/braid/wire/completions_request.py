@@ -94,6 +94,8 @@ class CompletionRequest:
     ``max_completion_tokens``, whichever of its two fields was sent, as vLLM names it)."""
     priority: int = 0
     """vLLM's ``priority`` (lower is earlier): orders braid's admission (braid.stream.admit)."""
+    background: bool = False
+    """``service_tier: "flex"``: admitted in the background class (braid.stream.admit)."""
 
 
 def _bad(message: str, param: str | None = None) -> InvalidRequest:
@@ -258,4 +260,5 @@ def build_request(
         request_id=b.request_id,
         max_tokens_param=max_tokens_param,
         priority=b.priority,
+        background=b.service_tier == "flex",
     )

@@ -117,6 +117,9 @@ class SamplingBody(PassThrough, frozen=True):
     request_id: str | None = None
     user: str | None = None
     priority: int = 0
+    # OpenAI's tiers; "flex" (slower, for work that can wait) puts the request in braid's
+    # background class (braid.stream.admit). vLLM accepts the same values and ignores them.
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     # Structured output (braid.wire.structured): decoded as Any, checked by structured_from.
     structured_outputs: Annotated[Any, msgspec.Meta(extra_json_schema=STRUCTURED_OUTPUTS_SCHEMA)] = None
     response_format: Annotated[Any, msgspec.Meta(extra_json_schema=RESPONSE_FORMAT_SCHEMA)] = None
