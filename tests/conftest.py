@@ -34,7 +34,8 @@ def vllm_server() -> Iterator[VllmServer]:
     """One braid on vLLM for the whole session. No --model: the default tiny model is built
     (once per machine, cached) and served, as ``make serve`` does."""
     log = Path(os.environ.get("BRAID_VLLM_LOG", "/tmp/braid-vllm-tier.log"))
-    with run_braid("--fault-hooks", *TOOL_FLAGS, seed=0, log=log) as server:
+    # --enable-server-load-tracking as on vLLM's parity server (tests/parity/test_load_parity.py)
+    with run_braid("--fault-hooks", "--enable-server-load-tracking", *TOOL_FLAGS, seed=0, log=log) as server:
         yield VllmServer(server)
         # a clean drain on SIGTERM is part of what the tier checks
         server.proc.send_signal(signal.SIGTERM)

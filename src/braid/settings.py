@@ -106,6 +106,9 @@ class Settings:
     """CORS origins (or "*"); empty: no CORS headers at all (braid.http.cors)."""
     access_log: bool = False
     """One log line per HTTP request on the ``braid.access`` logger (braid.http.access_log)."""
+    server_load_tracking: bool = False
+    """vLLM's --enable-server-load-tracking: ``GET /load`` (and ``/get_load``, vllm-router's)
+    report the generating requests open now (braid.routes.load); without it, 0."""
     parsers: ParserOptions = attrs.Factory(ParserOptions)
     """Tool calling and reasoning (vLLM's flags)."""
     forwarded_allow_ips: tuple[str, ...] = attrs.field(default=(), converter=parse_allowed)

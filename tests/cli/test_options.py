@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 import pytest
 
+from braid.cli.argtypes import lora_module
 from braid.cli.config import engine_options_from, server_config_from, settings_from
 from braid.cli.engines import TINY_MODEL_ENGINE_ARGS, EngineOptions
 from braid.cli.environ import env_name
@@ -39,6 +40,7 @@ EXPOSED = {
         "allowed_origins",
         "access_log",
         "forwarded_allow_ips",
+        "server_load_tracking",
     },
     ServerConfig: {
         "host",
@@ -79,6 +81,7 @@ GIVEN: list[tuple[list[str], type[Any], str, Any]] = [
         ("https://a.example", "*"),
     ),
     (["--access-log"], Settings, "access_log", True),
+    (["--enable-server-load-tracking"], Settings, "server_load_tracking", True),
     (["--forwarded-allow-ips", "10.1.2.3/8,::1"], Settings, "forwarded_allow_ips", ("10.0.0.0/8", "::1")),
     (["--host", "0.0.0.0"], ServerConfig, "host", "0.0.0.0"),
     (["--port", "9001"], ServerConfig, "port", 9001),
@@ -106,6 +109,15 @@ GIVEN: list[tuple[list[str], type[Any], str, Any]] = [
     ),
     (["--engine-client", "asyncio"], EngineOptions, "engine_client", "asyncio"),
     (["--fault-hooks"], EngineOptions, "fault_hooks", True),
+    (["--enable-lora"], EngineOptions, "enable_lora", True),
+    (["--max-loras", "3"], EngineOptions, "max_loras", 3),
+    (["--max-lora-rank", "32"], EngineOptions, "max_lora_rank", 32),
+    (
+        ["--lora-modules", "a=/p/a", '{"name": "b", "path": "/p/b"}', "--lora-modules", "c=/p/c=d"],
+        EngineOptions,
+        "lora_modules",
+        (("a", "/p/a"), ("b", "/p/b"), ("c", "/p/c=d")),
+    ),
     (["--switch-interval", "0.002"], EngineOptions, "switch_interval", 0.002),
     (["--enable-auto-tool-choice"], ParserOptions, "enable_auto_tool_choice", True),
     (["--tool-call-parser", "hermes"], ParserOptions, "tool_call_parser", "hermes"),
@@ -219,6 +231,43 @@ def test_the_vllm_arguments() -> None:
     given = EngineOptions(max_num_seqs=8, seed=1, engine_args=[("max_num_seqs", 4), ("enforce_eager", True)])
     assert given.vllm_kwargs() == {**TINY_MODEL_ENGINE_ARGS, "max_num_seqs": 4, "seed": 1, "enforce_eager": True}
     assert EngineOptions(model="m", dtype="half").vllm_kwargs() == {"dtype": "half"}
+
+
+def test_the_lora_options_are_vllm_engine_arguments() -> None:
+    given = EngineOptions(enable_lora=True, max_loras=2, max_lora_rank=8, lora_modules=[("a", "/p/a")])
+    assert given.vllm_kwargs() == {**TINY_MODEL_ENGINE_ARGS, "enable_lora": True, "max_loras": 2, "max_lora_rank": 8}
+    assert given.lora_modules == (("a", "/p/a"),)  # braid loads them itself (braid.engine.vllm)
+
+
+@pytest.mark.parametrize(
+    ("text", "module"),
+    [
+        ("a=/p/a", ("a", "/p/a")),
+        ('{"name": "a", "path": "/p/a"}', ("a", "/p/a")),
+        ('{"name": "a", "path": "/p/a", "base_model_name": "m"}', ("a", "/p/a")),
+        ('{"name":"a=b"}', ('{"name":"a', 'b"}')),  # vLLM's rule: "=" and no ",", NAME=PATH
+    ],
+)
+def test_a_lora_module_in_vllms_forms(text: str, module: tuple[str, str]) -> None:
+    assert lora_module(text) == module
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a",
+        "=/p",
+        "a=",
+        "{",
+        '["a", "/p"]',
+        '{"name": "a"}',
+        '{"name": "a", "path": "/p", "rank": 8}',
+        '{"name": 1, "path": "/p"}',
+    ],
+)
+def test_a_lora_module_that_is_neither_form_is_refused(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        lora_module(text)
 
 
 def test_an_option_needs_a_plain_default() -> None:

@@ -10,8 +10,15 @@ import attrs
 import msgspec
 import pytest
 
-from braid.engine.base import PassThrough, SamplingParams
-from braid.engine.vllm_common import check_engine_args, map_error, vllm_sampling_params, vllm_structured
+from braid.engine.base import LoraAdapter, PassThrough, SamplingParams
+from braid.engine.vllm_common import (
+    check_engine_args,
+    lora_adapters,
+    map_error,
+    vllm_lora_request,
+    vllm_sampling_params,
+    vllm_structured,
+)
 from braid.errors import EngineRejected
 from braid.wire.completions_request import UNSUPPORTED_COMPLETIONS, CompletionBody, parse_request
 from braid.wire.fields import UNSUPPORTED, Limits
@@ -33,6 +40,7 @@ SET = SamplingParams(
     prompt_logprobs=1,
     logit_bias=((5, 1.0), (6, -2.0)),
     structured_outputs=Structured(choice=("yes", "no"), disable_any_whitespace=True),
+    kv_transfer_params={"do_remote_prefill": True},
     passthrough=PassThrough(
         top_p=0.9,
         top_k=3,
@@ -68,7 +76,8 @@ def test_every_field_is_set_apart_from_its_default() -> None:
 def test_every_field_reaches_vllm_under_its_own_name() -> None:
     sampling_params = pytest.importorskip("vllm.sampling_params")  # for StructuredOutputsParams
     assert record(SET) == {
-        **{k: v for k, v in attrs.asdict(SET, recurse=False).items() if k != "passthrough"},
+        **{k: v for k, v in attrs.asdict(SET, recurse=False).items() if k not in {"passthrough", *ELSEWHERE}},
+        "extra_args": {"kv_transfer_params": {"do_remote_prefill": True}},
         **msgspec.structs.asdict(SET.passthrough),
         "structured_outputs": sampling_params.StructuredOutputsParams(
             choice=["yes", "no"], disable_any_whitespace=True
@@ -101,6 +110,8 @@ NOT_SAMPLING = {
     "service_tier",
     "best_of", *UNSUPPORTED, *UNSUPPORTED_COMPLETIONS, "response_format", *GUIDED,
 }  # fmt: skip
+# The one field vLLM takes under another name, as its server passes it (in extra_args).
+ELSEWHERE = {"kv_transfer_params"}
 
 
 def test_every_sampling_field_of_the_body_reaches_vllms_sampling_params() -> None:
@@ -109,7 +120,7 @@ def test_every_sampling_field_of_the_body_reaches_vllms_sampling_params() -> Non
     vllm = pytest.importorskip("vllm")
     sampling = set(CompletionBody.__struct_fields__) - NOT_SAMPLING
     assert sampling == NAMES | PASSTHROUGH
-    assert sampling <= set(vllm.SamplingParams.__struct_fields__)
+    assert sampling - ELSEWHERE <= set(vllm.SamplingParams.__struct_fields__)
     body = {
         "prompt": "x", "max_tokens": 5, "n": 2, "temperature": 0.5, "seed": 7, "stop": ["x", "y"],
         "stop_token_ids": [4], "include_stop_str_in_output": True, "ignore_eos": True, "min_tokens": 1,
@@ -117,16 +128,17 @@ def test_every_sampling_field_of_the_body_reaches_vllms_sampling_params() -> Non
         "structured_outputs": {"choice": ["yes", "no"]}, "top_p": 0.9, "top_k": 3, "min_p": 0.1,
         "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.5,
         "skip_special_tokens": False, "spaces_between_special_tokens": False, "allowed_token_ids": [5, 6],
-        "bad_words": ["no"],
+        "bad_words": ["no"], "kv_transfer_params": {"do_remote_prefill": True},
     }  # fmt: skip
     assert set(body) - {"prompt"} == sampling
     p = parse_request(json.dumps(body).encode(), Limits(vocab_size=259)).sampling
     got = vllm_sampling_params(vllm.SamplingParams, vllm.sampling_params.RequestOutputKind, p)
     default = vllm.SamplingParams()
-    assert [name for name in sampling if getattr(got, name) == getattr(default, name)] == []
-    for name in sampling - {"stop", "logit_bias", "structured_outputs"}:
+    assert [name for name in sampling - ELSEWHERE if getattr(got, name) == getattr(default, name)] == []
+    for name in sampling - {"stop", "logit_bias", "structured_outputs", *ELSEWHERE}:
         sent = body[name]
         assert getattr(got, name) == sent, name
+    assert got.extra_args == {"kv_transfer_params": body["kv_transfer_params"]}
 
 
 def test_a_non_streaming_request_asks_for_the_final_output_only() -> None:
@@ -135,7 +147,7 @@ def test_a_non_streaming_request_asks_for_the_final_output_only() -> None:
 
 def test_vllm_takes_every_field() -> None:
     sampling_params = pytest.importorskip("vllm.sampling_params")
-    assert NAMES | PASSTHROUGH <= set(sampling_params.SamplingParams.__struct_fields__)
+    assert (NAMES - ELSEWHERE) | PASSTHROUGH <= set(sampling_params.SamplingParams.__struct_fields__)
     params = vllm_sampling_params(sampling_params.SamplingParams, sampling_params.RequestOutputKind, SET)
     assert (params.n, params.max_tokens, params.stop, params.bad_words) == (2, 5, ["x", "y"], ["no"])
 
@@ -179,6 +191,7 @@ def test_data_parallelism_is_refused() -> None:
     with pytest.raises(ValueError, match="data_parallel_size=2") as info:
         check_engine_args({"data_parallel_size": 2})
     assert "rank 0" in str(info.value)
+    assert "docs/deploy.md" in str(info.value)
 
 
 def test_every_refusal_is_named_at_once() -> None:
@@ -207,3 +220,28 @@ def test_vllms_validation_error_is_a_rejection() -> None:
     err = map_error(exceptions.VLLMValidationError("bad grammar", parameter="structured_outputs"))
     assert isinstance(err, EngineRejected) and (err.status, err.param) == (400, "structured_outputs")
     assert err.message.startswith("bad grammar")
+
+
+def test_lora_modules_become_adapters_numbered_from_1_in_order() -> None:
+    adapters = lora_adapters([("a", "/p/a"), ("b", "/p/b")], "base")
+    assert adapters == (LoraAdapter("a", 1, "/p/a", "base"), LoraAdapter("b", 2, "/p/b", "base"))
+    assert lora_adapters([], "base") == ()
+
+
+@pytest.mark.parametrize(
+    ("modules", "named"),
+    [([("a", "/1"), ("a", "/2")], "'a'"), ([("base", "/1")], "'base'"), ([("a", "/1"), ("", "/2")], "''")],
+    ids=["twice", "the model's name", "empty"],
+)
+def test_a_lora_module_a_request_could_not_select_is_refused(modules: list[tuple[str, str]], named: str) -> None:
+    with pytest.raises(ValueError, match="--lora-modules") as info:
+        lora_adapters(modules, "base")
+    assert str(info.value).endswith(f"not {named}")
+
+
+def test_an_adapter_is_vllms_lora_request_and_none_the_model() -> None:
+    request = pytest.importorskip("vllm.lora.request")
+    assert vllm_lora_request(None) is None
+    converted = vllm_lora_request(LoraAdapter("a", 3, "/p/a", "base"))
+    assert isinstance(converted, request.LoRARequest)
+    assert (converted.lora_name, converted.lora_int_id, converted.lora_path) == ("a", 3, "/p/a")

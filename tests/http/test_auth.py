@@ -73,6 +73,8 @@ ROUTES = [
     ("GET", "/version"),
     ("GET", "/metrics"),
     ("GET", "/openapi.json"),
+    ("GET", "/load"),  # open in vLLM; guarded like every route here (docs/deploy.md)
+    ("GET", "/get_load"),
 ]
 
 

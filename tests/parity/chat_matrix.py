@@ -18,6 +18,7 @@ from tests.parity.matrix import MODEL, Case
 
 CHAT = "/v1/chat/completions"
 BATCH = "/v1/chat/completions/batch"
+KV_IDS = [300, 301, 302, 303, 304]  # a prefill stage's prompt ids (kv_transfer_params)
 TOKENIZE = "/tokenize"
 DETOKENIZE = "/detokenize"
 
@@ -342,11 +343,45 @@ def chat_cases() -> list[Case]:
         "chat errors",
         _chat(stream=False, stream_options={"include_usage": None}),
     )
+    # kv_transfer_params: its prompt_token_ids are the prompt (not with echo; refused on the batch route)
     chat(
         "chat kv_transfer_params with prompt_token_ids",
-        "chat errors",
-        _chat(kv_transfer_params={"prompt_token_ids": [300, 301, 302, 303, 304]}),
-        deviation="kv_transfer_params",
+        "chat kv",
+        _chat(kv_transfer_params={"prompt_token_ids": KV_IDS}),
+    )
+    chat(
+        "chat kv_transfer_params prompt_token_ids, streamed",
+        "chat kv",
+        _chat(stream=True, kv_transfer_params={"prompt_token_ids": KV_IDS, "do_remote_decode": True}),
+    )
+    chat(
+        "chat kv_transfer_params prompt_token_ids with echo",
+        "chat kv",
+        _chat(echo=True, kv_transfer_params={"prompt_token_ids": KV_IDS}),
+    )
+    chat(
+        "chat kv_transfer_params empty prompt_token_ids", "chat kv", _chat(kv_transfer_params={"prompt_token_ids": []})
+    )
+    chat(
+        "chat kv_transfer_params negative prompt token id",
+        "chat kv",
+        _chat(kv_transfer_params={"prompt_token_ids": [300, -1]}),
+    )
+    chat(
+        "chat kv_transfer_params prompt token id out of vocabulary",
+        "chat kv",
+        _chat(kv_transfer_params={"prompt_token_ids": [300, 5000]}),
+    )
+    batch(
+        "batch chat kv_transfer_params with prompt_token_ids",
+        "chat kv",
+        _chat([SYS_USER, [USER2]], kv_transfer_params={"prompt_token_ids": KV_IDS}),
+    )
+    batch(
+        "batch chat kv_transfer_params without prompt_token_ids",
+        "chat kv",
+        _chat([SYS_USER, [USER2]], kv_transfer_params={"do_remote_decode": False}),
+        deviation="batch_chat_reasoning_tokens",
     )
     # -- tool calls (issue 26): both servers run pythonic's parser (tools/servers.py TOOL_FLAGS);
     # "required" and a named function force the call with a JSON schema, so the tiny model calls

@@ -74,24 +74,6 @@ def _unsupported_fields(braid: View, vllm: View) -> list[str]:
     return problems
 
 
-def _kv_transfer_params(braid: Reply, vllm: Reply, body: Any) -> list[str]:
-    """vLLM hands ``kv_transfer_params`` to its KV connector (disaggregated serving) and, on chat,
-    takes its ``prompt_token_ids`` as the prompt in place of the rendered messages; braid, which
-    has no KV transfer, refuses the field with a 400 naming it rather than ignore it."""
-    b, v = view(braid), view(vllm)
-    problems = []
-    if b != {"status": 400, "error": {"type": "BadRequestError", "param": "kv_transfer_params", "code": 400}}:
-        problems.append(f"braid should refuse kv_transfer_params with a 400 naming it, got {b}")
-    if v["status"] != 200:
-        return [*problems, f"vLLM no longer takes kv_transfer_params: {v}"]
-    ids = (body.get("kv_transfer_params") or {}).get("prompt_token_ids")
-    if "messages" in body and ids is not None and not body.get("echo"):
-        used = (v["body"].get("usage") or {}).get("prompt_tokens")
-        if used != len(ids):
-            problems.append(f"vLLM's chat no longer takes kv_transfer_params.prompt_token_ids as the prompt: {used}")
-    return problems
-
-
 def _batch_choices(body: Any) -> int:
     return len(body["messages"]) * (body.get("n") or 1)
 
@@ -246,11 +228,6 @@ DEVIATIONS: dict[str, Deviation] = {
             "unsupported_fields",
             "an output-changing field braid does not implement is refused, not ignored",
             _views(_unsupported_fields),
-        ),
-        Deviation(
-            "kv_transfer_params",
-            "kv_transfer_params (disaggregated serving; on chat its prompt_token_ids replace the prompt) is refused",
-            _kv_transfer_params,
         ),
         Deviation(
             "detokenize_vocabulary",

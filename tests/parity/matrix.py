@@ -32,6 +32,7 @@ class Case:
     content_type: str = "application/json"
     deviation: str | None = None  # a key of deviations.DEVIATIONS
     path: str = "/v1/completions"  # the route the body is POSTed to
+    method: str = "POST"  # GET: the body is not sent
 
     @property
     def stream(self) -> bool:
@@ -312,12 +313,27 @@ def _cases() -> list[Case]:
         _req(prompt=TEXT, stream=_DROP, stream_options={"continuous_usage_stats": None}),
     )
     add("stream_options {} with stream false", "stream", _req(prompt=TEXT, stream=False, stream_options={}))
+    # -- kv_transfer_params: passed to the engine (no KV connector here: it is ignored, as in vLLM)
     add(
         "kv_transfer_params with prompt_token_ids",
-        "errors",
+        "kv",
         _req(prompt=TEXT, kv_transfer_params={"prompt_token_ids": IDS}),
-        deviation="kv_transfer_params",
     )
+    add(
+        "kv_transfer_params remote prefill, streamed",
+        "kv",
+        _req(
+            prompt=TEXT,
+            stream=True,
+            stream_options={"include_usage": True},
+            kv_transfer_params={"do_remote_prefill": False, "do_remote_decode": True, "remote_engine_id": None},
+        ),
+    )
+    add("kv_transfer_params empty", "kv", _req(prompt=IDS, kv_transfer_params={}))
+    add("kv_transfer_params not an object", "kv", _req(prompt=TEXT, kv_transfer_params=["x"]))
+    # -- /load (both servers run with --enable-server-load-tracking; a request in flight:
+    # tests/parity/test_load_parity.py)
+    add("GET /load while idle", "load", None, path="/load", method="GET")
     add("prompt_logprobs with stream", "errors", _req(prompt=TEXT, prompt_logprobs=1, stream=True))
     add("logprobs over the maximum", "errors", _req(prompt=TEXT, logprobs=30))
     add(

@@ -7,9 +7,9 @@ import json
 import attrs
 import pytest
 
-from braid.engine.base import ModelInfo
+from braid.engine.base import LoraAdapter, ModelInfo
 from braid.engine.scripted import BOS, EOS, VOCAB_SIZE, ByteTokenizer, ScriptedEngine
-from braid.errors import InvalidRequest
+from braid.errors import InvalidRequest, ModelNotFound
 from braid.stream.plan import Plan, make_plan
 from braid.wire.completions_request import parse_request
 from braid.wire.fields import Limits
@@ -59,6 +59,18 @@ def test_priority_orders_admission_and_reaches_the_engine() -> None:
     assert p.priority == -3  # admission's order (routes.common.open_run gives it to the ticket)
     assert [it.request.priority for it in p.items] == [-3, -3]  # vLLM uses it with --scheduling-policy priority
     assert plan().priority == 0
+
+
+def test_model_selects_a_lora_adapter_for_every_prompt_and_names_the_response() -> None:
+    adapter = LoraAdapter("tuned", 1, "/adapters/tuned", INFO.name)
+    info = attrs.evolve(INFO, adapters=(adapter,))
+    tuned = plan(info, model="tuned", prompt=["a", "b"])
+    assert [it.request.lora for it in tuned.items] == [adapter, adapter]
+    assert tuned.meta.model == "tuned"  # vLLM's responses name the adapter
+    for base in (plan(info, model=INFO.name), plan(info)):
+        assert [it.request.lora for it in base.items] == [None] and base.meta.model == INFO.name
+    with pytest.raises(ModelNotFound):
+        plan(INFO, model="tuned")  # served without adapters
 
 
 def test_engine_ids_can_have_their_own_prefix() -> None:

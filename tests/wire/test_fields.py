@@ -87,20 +87,52 @@ def test_a_null_stream_option_is_off(options: dict, include: bool, continuous: b
     assert (req.include_usage, req.continuous_usage) == (include, continuous)  # type: ignore[attr-defined]
 
 
-# --- kv_transfer_params: refused, never ignored --------------------------------------------------
+# --- kv_transfer_params: passed to the engine as vLLM passes it (braid.wire.kv_transfer on chat) ---
 
 
-@ROUTES
 @pytest.mark.parametrize(
     "params",
-    [{"prompt_token_ids": [5, 6, 7]}, {"do_remote_prefill": True, "remote_prefill_cached_tokens": 3}, {}],
+    [{"prompt_token_ids": [5, 6, 7]}, {"do_remote_prefill": True, "remote_prefill_cached_tokens": 3}],
     ids=repr,
 )
-def test_kv_transfer_params_is_a_400_naming_it(parse: Callable[..., object], params: dict) -> None:
-    err = refuse(parse, kv_transfer_params=params)
-    assert not isinstance(err, SchemaError)
-    assert (err.status, err.type, err.param) == (400, "BadRequestError", "kv_transfer_params")
-    assert "kv_transfer_params is not supported by braid yet" in err.message
+def test_completions_pass_kv_transfer_params_to_the_engine_as_sent(params: dict) -> None:
+    req = completions(kv_transfer_params=params)
+    assert req.sampling.kv_transfer_params == params  # type: ignore[attr-defined]
+
+
+def test_empty_kv_transfer_params_reaches_no_engine() -> None:
+    vllm = pytest.importorskip("vllm")
+    from braid.engine.vllm_common import vllm_sampling_params
+
+    params: dict[str, object] | None
+    for params in ({}, None):
+        p = completions(kv_transfer_params=params).sampling  # type: ignore[attr-defined]
+        assert vllm_sampling_params(vllm.SamplingParams, vllm.sampling_params.RequestOutputKind, p).extra_args is None
+
+
+def test_chat_takes_prompt_token_ids_as_the_prompt_and_passes_the_rest() -> None:
+    req = chat(kv_transfer_params={"prompt_token_ids": [5, 6, 7], "do_remote_prefill": True})
+    assert req.reused_prompt == (5, 6, 7)  # type: ignore[attr-defined]
+    assert req.body.kv_transfer_params == {"do_remote_prefill": True}  # type: ignore[attr-defined]
+
+
+def test_chat_with_echo_renders_the_messages_and_drops_the_ids() -> None:
+    req = chat(echo=True, kv_transfer_params={"prompt_token_ids": [5, 6, 7]})
+    assert req.reused_prompt is None  # type: ignore[attr-defined]
+    assert req.body.kv_transfer_params == {}  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("ids", [[], [5, -1], [5, True], "5 6", [5, 2.0], [259]], ids=repr)
+def test_chat_refuses_prompt_token_ids_that_are_not_a_prompt(ids: object) -> None:
+    err = refuse(chat, kv_transfer_params={"prompt_token_ids": ids})
+    assert (err.status, err.type, err.param) == (400, "BadRequestError", "kv_transfer_params.prompt_token_ids")
+
+
+def test_batch_chat_refuses_prompt_token_ids() -> None:
+    err = refuse(batch_chat, kv_transfer_params={"prompt_token_ids": [5]})
+    assert (err.status, err.param) == (400, "kv_transfer_params.prompt_token_ids")
+    assert "cannot serve several conversations" in err.message
+    assert batch_chat(kv_transfer_params={"do_remote_prefill": False}).reused_prompt is None  # type: ignore[attr-defined]
 
 
 @ROUTES

@@ -25,6 +25,28 @@ def engine_arg(text: str) -> tuple[str, Any]:
         return key.replace("-", "_"), value
 
 
+def lora_module(text: str) -> tuple[str, str]:
+    """A LoRA adapter of ``--lora-modules``, in vLLM's two forms: ``NAME=PATH``, or a JSON object
+    ``{"name": ..., "path": ...}`` (vLLM's rule: a text with ``=`` and no ``,`` is the first form).
+    A JSON ``base_model_name`` is taken and ignored: braid serves one model, which vLLM would name
+    as the parent anyway."""
+    if "=" in text and "," not in text:
+        name, _, path = text.partition("=")
+    else:
+        try:
+            spec = json.loads(text)
+        except json.JSONDecodeError:
+            raise argparse.ArgumentTypeError(f"expected NAME=PATH or a JSON object, got {text!r}") from None
+        if not isinstance(spec, dict) or not {"name", "path"} <= spec.keys() <= {"name", "path", "base_model_name"}:
+            raise argparse.ArgumentTypeError(
+                f'expected {{"name": ..., "path": ...}} (and optionally "base_model_name"), got {text!r}'
+            )
+        name, path = spec["name"], spec["path"]
+    if not isinstance(name, str) or not isinstance(path, str) or not name or not path:
+        raise argparse.ArgumentTypeError(f"a LoRA module needs a name and a path, got {text!r}")
+    return name, path
+
+
 def positive(text: str) -> float:
     value = float(text)
     if not value > 0:

@@ -42,6 +42,9 @@ _VLLM_FIELDS = (
     "distributed_executor_backend",
     "seed",
     "scheduling_policy",
+    "enable_lora",
+    "max_loras",
+    "max_lora_rank",
 )
 """The fields that are vLLM engine arguments of the same name, passed on when set."""
 
@@ -72,6 +75,14 @@ class EngineOptions:
     scheduling_policy: str | None = None
     """vLLM's ``--scheduling-policy``: ``priority`` makes the engine order its queue by each
     request's ``priority`` too (braid's admission orders by it either way)."""
+    enable_lora: bool | None = None
+    """vLLM's ``--enable-lora``: the engine can serve LoRA adapters (``lora_modules``)."""
+    max_loras: int | None = None
+    """vLLM's ``--max-loras``: adapters in one batch (vLLM's default: 1)."""
+    max_lora_rank: int | None = None
+    """vLLM's ``--max-lora-rank`` (vLLM's default: 16)."""
+    lora_modules: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_pairs)
+    """vLLM's ``--lora-modules``: the adapters served, as (name, path); a request's ``model`` selects one."""
     engine_args: tuple[tuple[str, Any], ...] = attrs.field(default=(), converter=_pairs)
     """Any other AsyncEngineArgs field, as (name, value); these win over the fields above."""
     engine_client: EngineClient = attrs.field(default="trio", validator=attrs.validators.in_(ENGINE_CLIENTS))
@@ -140,6 +151,7 @@ async def open_engine(options: EngineOptions) -> AsyncIterator[Engine]:
         fault_hooks=options.fault_hooks,
         client=options.engine_client,
         extra_seqs=extra_seqs(options.reserve),
+        lora_modules=options.lora_modules,
     ) as engine:
         yield engine
 

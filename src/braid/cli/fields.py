@@ -35,7 +35,7 @@ def add_field_option(
     as a list, which argparse appends to; the metavar is the flag's (or the choices), as argparse
     would make it without the ``dest``."""
     default = field_default(owner, name)
-    if kwargs.get("action") == "append":
+    if kwargs.get("action") in ("append", "extend"):
         default = list(default)
     if "choices" not in kwargs and kwargs.get("action") not in ("store_true", "store_false"):
         kwargs.setdefault("metavar", flag.removeprefix("--").replace("-", "_").upper())

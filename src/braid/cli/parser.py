@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 
-from braid.cli.argtypes import allowed_peers, engine_arg, key_file, positive, positive_int
+from braid.cli.argtypes import allowed_peers, engine_arg, key_file, lora_module, positive, positive_int
 from braid.cli.engines import ENGINE_CLIENTS, ENGINE_KINDS, EngineOptions
 from braid.cli.environ import API_KEY_ENV, apply_env_defaults
 from braid.cli.fields import add_field_option, field_default
@@ -269,6 +269,15 @@ def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser], env
     add_field_option(
         a,
         Settings,
+        "server_load_tracking",
+        "--enable-server-load-tracking",
+        action="store_true",
+        help="vLLM's flag: GET /load (and /get_load, which vllm-router polls) report the generating "
+        "requests open now, queued ones included (docs/deploy.md); without it they report 0",
+    )
+    add_field_option(
+        a,
+        Settings,
         "max_in_flight",
         "--max-in-flight-requests",
         type=int,
@@ -356,6 +365,21 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         help="priority: the engine orders its waiting requests by their priority field too, and may "
         "preempt a running one for a better one (braid's admission orders by priority either way)",
     )
+    add_field_option(e, EngineOptions, "enable_lora", "--enable-lora", action="store_true", help="serve LoRA adapters")
+    add_field_option(
+        e,
+        EngineOptions,
+        "lora_modules",
+        "--lora-modules",
+        type=lora_module,
+        action="extend",
+        nargs="+",
+        metavar="NAME=PATH",
+        help='LoRA adapters to serve, each NAME=PATH or JSON {"name": ..., "path": ...} (vLLM\'s forms); '
+        "a request's model selects one by NAME (needs --enable-lora)",
+    )
+    add_field_option(e, EngineOptions, "max_loras", "--max-loras", type=int, help="LoRA adapters in one batch")
+    add_field_option(e, EngineOptions, "max_lora_rank", "--max-lora-rank", type=int, help="the adapters' highest rank")
     add_field_option(
         e,
         EngineOptions,

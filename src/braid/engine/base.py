@@ -70,7 +70,7 @@ import attrs
 import msgspec
 
 from braid.engine.constraint import Structured
-from braid.errors import BraidError, InvalidRequest
+from braid.errors import BraidError, InvalidRequest, ModelNotFound
 
 TopLogprobs = Mapping[int, "Logprob"]
 """Logprobs at one position: token id -> logprob, the sampled (or actual prompt) token first."""
@@ -81,6 +81,18 @@ class Logprob:
     logprob: float
     rank: int | None
     decoded_token: str
+
+
+@attrs.frozen
+class LoraAdapter:
+    """A LoRA adapter the engine serves, which a request's ``model`` selects by ``name``: vLLM's
+    ``LoRARequest(lora_name, lora_int_id, lora_path)``. ``parent`` is the served name of the base
+    model it applies to (``/v1/models`` lists it, as vLLM does)."""
+
+    name: str
+    id: int = attrs.field(validator=attrs.validators.ge(1))
+    path: str
+    parent: str
 
 
 @attrs.frozen
@@ -95,6 +107,24 @@ class ModelInfo:
     reserved_seqs: int = 0
     """Of ``max_num_seqs``, how many braid added for requests waiting for their first slot
     (``braid.stream.admit``'s reserve); the rest is what the operator asked for."""
+    adapters: tuple[LoraAdapter, ...] = ()
+    """The LoRA adapters served on top of the model (vLLM's ``--lora-modules``), by name."""
+
+
+def served_names(info: ModelInfo) -> tuple[str, ...]:
+    """The names a request's ``model`` may give: the model's, then its adapters'."""
+    return (info.name, *(a.name for a in info.adapters))
+
+
+def select_model(info: ModelInfo, requested: str | None) -> LoraAdapter | None:
+    """What a request's ``model`` selects, as vLLM's server resolves it: the base model (None) for
+    its served name or no name, else the adapter of that name; any other name is vLLM's 404."""
+    if not requested or requested == info.name:
+        return None
+    for adapter in info.adapters:
+        if adapter.name == requested:
+            return adapter
+    raise ModelNotFound(f"The model `{requested}` does not exist.", param="model")
 
 
 class PassThrough(msgspec.Struct, frozen=True):
@@ -164,6 +194,10 @@ class SamplingParams:
     structured_outputs: Structured | None = None
     """The output's constraint (:mod:`braid.engine.constraint`), from ``structured_outputs``,
     ``response_format`` or the deprecated ``guided_*`` fields; vLLM's field of the same name."""
+    kv_transfer_params: Mapping[str, Any] | None = attrs.field(default=None, hash=False)
+    """For the engine's KV connector (disaggregated prefill/decode), as the client sent it; vLLM
+    takes it in its ``SamplingParams.extra_args`` (:func:`braid.engine.vllm_common.vllm_sampling_params`).
+    An engine without a connector ignores it, as the scripted engine does."""
     passthrough: PassThrough = attrs.field(factory=PassThrough)
     """The fields passed to the engine as the client sent them."""
 
@@ -182,6 +216,8 @@ class EngineRequest:
     # template kwargs for that parser (enable_thinking...).
     reasoning_ended: bool | None = None
     reasoning_parser_kwargs: Mapping[str, Any] | None = attrs.field(default=None, eq=False)
+    lora: LoraAdapter | None = None
+    """The LoRA adapter to generate with (:func:`select_model`); None: the base model."""
 
 
 @attrs.frozen

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import attrs
@@ -38,12 +39,16 @@ from braid.engine.vllm_common import (
     CPU_ENGINE_ARGS,
     HfTokenizer,
     check_engine_args,
+    check_lora_prompt_logprobs,
     check_structured,
     engine_outputs,
     fail_after,
     is_cpu_build,
+    load_adapters,
+    lora_adapters,
     map_error,
     prepare_environment,
+    vllm_lora_request,
     vllm_sampling_params,
 )
 from braid.engine.vllm_core import open_core_engine
@@ -101,6 +106,17 @@ class VllmEngine:
         # the Trio thread while the asyncio thread uses it is safe.
         check_structured(self.llm.input_processor, self._params_cls, params)
 
+    async def add_lora(self, lora_request: Any) -> bool:
+        """Load a LoRA adapter into the engine (``AsyncLLM.add_lora``)."""
+
+        async def add() -> bool:
+            return bool(await self.llm.add_lora(lora_request))
+
+        try:
+            return await self.bridge.run(add)
+        except Exception as exc:
+            raise map_error(exc) from exc
+
     def abort_requests(self, request_ids: Sequence[str]) -> None:
         # One AsyncLLM.abort for the batch: vLLM drops them from its output processor and sends
         # the engine core one abort message. The pumps' own aborts then find nothing left to do.
@@ -118,6 +134,7 @@ class VllmEngine:
     ) -> AsyncIterator[AsyncIterator[EngineOutput]]:
         if self.llm.errored:
             raise EngineUnavailable("The engine is not running.")
+        check_lora_prompt_logprobs(self.llm.input_processor, request.params)
         try:
             params = self._params(request.params, final_only=request.final_only)
         except (ValueError, TypeError) as exc:
@@ -126,12 +143,14 @@ class VllmEngine:
         if request.prompt_text is not None:
             prompt["prompt"] = request.prompt_text  # type: ignore[assignment]
         llm = self.llm
+        lora_request = vllm_lora_request(request.lora)
 
         def start() -> AsyncIterator[Any]:
             return llm.generate(
                 prompt,
                 params,
                 request.request_id,
+                lora_request=lora_request,
                 priority=request.priority,
                 reasoning_ended=request.reasoning_ended,
                 reasoning_parser_kwargs=None
@@ -196,8 +215,13 @@ async def open_vllm_engine(
     fault_hooks: bool = False,
     client: str = "trio",
     extra_seqs: Callable[[int], int] | None = None,
+    lora_modules: Sequence[tuple[str, str]] = (),
 ) -> AsyncIterator[Engine]:
     """Start vLLM's engine for ``model``; shut it down on exit.
+
+    ``lora_modules``: the LoRA adapters to serve, as (name, path) (vLLM's ``--lora-modules``;
+    the engine needs ``enable_lora``), loaded before the engine is yielded and listed in its
+    ``info.adapters``.
 
     ``extra_seqs``: room added to the engine's running cap for admission's reserve (see
     :func:`braid.engine.vllm_core.open_core_engine`); the asyncio client ignores it.
@@ -210,6 +234,10 @@ async def open_vllm_engine(
     if client not in ENGINE_CLIENTS:
         raise ValueError(f"client must be one of {ENGINE_CLIENTS}, not {client!r}")
     check_engine_args(engine_kwargs or {})
+    names = served_model_name or (engine_kwargs or {}).get("served_model_name") or model
+    adapters = lora_adapters(lora_modules, names if isinstance(names, str) else names[0])
+    if adapters and not (engine_kwargs or {}).get("enable_lora"):
+        raise ValueError("--lora-modules needs --enable-lora")
     cpu = is_cpu_build()
     prepare_environment(cpu=cpu)
     kwargs: dict[str, Any] = {"model": model, "enforce_eager": cpu}
@@ -224,9 +252,15 @@ async def open_vllm_engine(
             kwargs, make_info=make_info, fault_hooks=fault_hooks, extra_seqs=extra_seqs
         ) as core:
             _freeze_vllm_env()
+            if adapters:
+                await load_adapters(partial(core.call_utility, "add_lora"), adapters)
+                core.info = attrs.evolve(core.info, adapters=adapters)
             yield core
         return
     async with _open_asyncllm(kwargs, make_info, fault_hooks) as engine:
+        if adapters:
+            await load_adapters(engine.add_lora, adapters)
+            engine.info = attrs.evolve(engine.info, adapters=adapters)
         yield engine
 
 

@@ -17,7 +17,16 @@ import attrs
 import msgspec
 import trio
 
-from braid.engine.base import ChoiceDelta, EngineOutput, EngineRequest, Logprob, Observe, SamplingParams, TopLogprobs
+from braid.engine.base import (
+    ChoiceDelta,
+    EngineOutput,
+    EngineRequest,
+    Logprob,
+    LoraAdapter,
+    Observe,
+    SamplingParams,
+    TopLogprobs,
+)
 from braid.engine.constraint import Structured
 from braid.errors import BraidError, EngineError, EngineRejected, EngineUnavailable, InvalidRequest
 
@@ -59,8 +68,8 @@ def check_engine_args(kwargs: Mapping[str, Any]) -> None:
     if isinstance(dp, int) and dp > 1:
         problems.append(
             f"--engine-arg data_parallel_size={dp} is not supported: braid drives one engine core and "
-            "would send every request to data-parallel rank 0. Run one braid per rank behind a load "
-            "balancer instead."
+            "would send every request to data-parallel rank 0. Run one braid per rank behind vLLM's "
+            "router (vllm-router) or nginx instead: docs/deploy.md, 'Scale-out'."
         )
     if problems:
         raise ValueError("\n".join(problems))
@@ -325,10 +334,17 @@ def vllm_sampling_params(params_cls: Any, kind: Any, p: SamplingParams, *, final
     Every field goes to vLLM under its own name: each field of ``p`` but ``passthrough``, and each
     field of ``p.passthrough`` (:class:`~braid.engine.base.PassThrough`) that is not ``None``
     (``None`` leaves vLLM's default). A tuple becomes the list vLLM's checks expect; the fields
-    of ``_CONVERT`` take vLLM's form.
+    of ``_CONVERT`` take vLLM's form. The one exception is ``kv_transfer_params``, which goes
+    where vLLM's server puts it: ``extra_args={"kv_transfer_params": ...}``, when it is a
+    non-empty object.
     """
     kwargs = attrs.asdict(p, recurse=False)
     passthrough = kwargs.pop("passthrough")
+    kv = kwargs.pop("kv_transfer_params")
+    if kv:  # vLLM's own test (an empty object is not passed)
+        # A copy per engine request: a KV connector may write into it, and the prompts and
+        # choices of one request must not share it.
+        kwargs["extra_args"] = {"kv_transfer_params": copy.deepcopy(dict(kv))}
     kwargs.update((name, value) for name, value in msgspec.structs.asdict(passthrough).items() if value is not None)
     for name, value in kwargs.items():
         if value is None:
@@ -369,6 +385,58 @@ def check_structured(input_processor: Any, params_cls: Any, p: SamplingParams) -
         # The message alone: VLLMValidationError's str() appends the rejected value, a whole schema.
         message = exc.args[0] if exc.args else str(exc)
         raise InvalidRequest(f"{structured.source}: {message}", param=structured.source) from None
+
+
+def vllm_lora_request(adapter: LoraAdapter | None) -> Any:
+    """braid's adapter -> vLLM's ``LoRARequest`` (None: the base model)."""
+    if adapter is None:
+        return None
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(adapter.name, adapter.id, adapter.path)
+
+
+LORA_PROMPT_LOGPROBS = (
+    "prompt_logprobs is not available with LoRA on vLLM's CPU build: its LoRA kernels fail on a "
+    "step that computes prompt logprobs for two requests, which stops the engine (vllm#16668)."
+)
+
+
+def check_lora_prompt_logprobs(input_processor: Any, p: SamplingParams) -> None:
+    """Refuse ``prompt_logprobs`` (a 400) when the engine has LoRA on and is vLLM's CPU build.
+
+    vLLM 0.32's CPU LoRA wrapper applies the adapters to logits by request, and prompt logprobs
+    compute logits for every prompt token: with two such requests in a step, its ``einsum``
+    fails and the engine core dies, for every client, whether or not a request names an adapter
+    (measured on the tiny model; vLLM's own server dies the same way). One request alone passes
+    only because its shapes broadcast."""
+    if p.prompt_logprobs is not None and input_processor.lora_config is not None and is_cpu_build():
+        raise EngineRejected(LORA_PROMPT_LOGPROBS, param="prompt_logprobs")
+
+
+def lora_adapters(modules: Sequence[tuple[str, str]], parent: str) -> tuple[LoraAdapter, ...]:
+    """The adapters of ``--lora-modules`` (name, path), on the base model served as ``parent``:
+    ids 1, 2, ... in order, as vLLM's server numbers them. A name given twice, or the base
+    model's own name, is refused (:class:`ValueError`): a request could not select it."""
+    names = [name for name, _ in modules]
+    problems = sorted({name for name in names if names.count(name) > 1 or name == parent or not name})
+    if problems:
+        raise ValueError(
+            f"--lora-modules: each adapter needs a name of its own, other than the model's ({parent!r}); "
+            f"not {', '.join(map(repr, problems))}"
+        )
+    return tuple(LoraAdapter(name, i, path, parent) for i, (name, path) in enumerate(modules, 1))
+
+
+async def load_adapters(add_lora: Callable[[Any], Awaitable[Any]], adapters: Sequence[LoraAdapter]) -> None:
+    """Load each adapter into the engine before the server starts (``add_lora``: the engine's
+    utility of that name), as vLLM's server loads its ``--lora-modules``: a path vLLM cannot
+    load fails the start, not the first request that names the adapter."""
+    for adapter in adapters:
+        try:
+            await add_lora(vllm_lora_request(adapter))
+        except BraidError as exc:
+            raise ValueError(f"--lora-modules {adapter.name}={adapter.path}: {exc}") from exc
 
 
 _FAIL = re.compile(r"braid:fail@(\d+)")

@@ -43,11 +43,13 @@ import trio
 from braid.engine.base import Deliver, EngineOutput, EngineRequest, FailureHandler, ModelInfo, Observe, SamplingParams
 from braid.engine.vllm_common import (
     HfTokenizer,
+    check_lora_prompt_logprobs,
     check_structured,
     convert_output,
     engine_outputs,
     fail_after,
     map_error,
+    vllm_lora_request,
     vllm_sampling_params,
 )
 from braid.engine.vllm_stats import VllmStats, engine_families
@@ -328,6 +330,7 @@ class VllmCoreEngine:
         if self._dead is not None:
             raise EngineUnavailable("The engine is not running.")
         try:
+            check_lora_prompt_logprobs(self.input_processor, request.params)
             params = vllm_sampling_params(self._params_cls, self._kind, request.params, final_only=request.final_only)
             prompt: dict[str, Any] = {"prompt_token_ids": list(request.prompt_token_ids)}
             if request.prompt_text is not None:
@@ -338,6 +341,7 @@ class VllmCoreEngine:
                 params,
                 supported_tasks=self.supported_tasks,
                 arrival_time=time.time(),
+                lora_request=vllm_lora_request(request.lora),
                 priority=request.priority,
             )
             if request.reasoning_ended is not None:

@@ -26,9 +26,10 @@ import braid
 from braid.engine.base import Engine
 from braid.errors import BraidError, error_payload
 from braid.http import access_log, auth, cors, counting, forwarded, limits
+from braid.http import load as load_tracking
 from braid.http.auth import BACKGROUND
 from braid.metrics import EngineFamilies, Metrics
-from braid.routes import chat, completions, tokenize
+from braid.routes import chat, completions, load, tokenize
 from braid.routes.common import AppState, JsonResponse, Route, ViewResult, error_headers
 from braid.settings import Settings
 from braid.wire import openapi
@@ -53,7 +54,11 @@ class BraidApp(QuartTrio):
 POST_ROUTES: tuple[Route, ...] = (*completions.ROUTES, *chat.ROUTES, *tokenize.ROUTES)
 """Every POST route of the API, each declared beside its view (its path, view and OpenAPI entry)."""
 
-OPERATIONS: tuple[openapi.Operation, ...] = (*(r.operation for r in POST_ROUTES), *openapi.SERVER_OPERATIONS)
+OPERATIONS: tuple[openapi.Operation, ...] = (
+    *(r.operation for r in POST_ROUTES),
+    *openapi.SERVER_OPERATIONS,
+    *load.OPERATIONS,
+)
 """What ``GET /openapi.json`` documents: every route of the app."""
 
 ROUTES = frozenset(op.path for op in OPERATIONS)
@@ -123,6 +128,9 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
     info = engine.info
     app = BraidApp("braid")
     limits.configure_quart(app, settings)
+    # Innermost: only requests the app takes count in GET /load (not a 401, as in vLLM).
+    server_load = load.ServerLoad(tracking=settings.server_load_tracking)
+    load_tracking.install(app, server_load)
     # Around quart's whole ASGI app, before routing: the key check sees every request, and CORS
     # (outermost) answers preflights without a key and labels the 401s too.
     auth.install(app, settings)
@@ -175,13 +183,35 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
             max_model_len=info.max_model_len,
             permission=[],
         )
-        return _json(msgspec.json.encode(responses.ModelList(object="list", data=[card])))
+        # The LoRA adapters after the model, as vLLM lists them: their path as root, the model as parent.
+        adapters = [
+            responses.ModelCard(
+                id=a.name,
+                object="model",
+                created=card.created,
+                owned_by="braid",
+                root=a.path,
+                parent=a.parent,
+                max_model_len=None,
+                permission=[],
+            )
+            for a in info.adapters
+        ]
+        return _json(msgspec.json.encode(responses.ModelList(object="list", data=[card, *adapters])))
 
     @app.get("/health")
     async def health() -> Response:
         if state.draining or not engine.healthy:
             return Response(b"", status=503)
         return Response(b"", status=200)
+
+    @app.get("/load")
+    async def load_view() -> Response:
+        return _json(load.load_body(server_load))
+
+    @app.get("/get_load")
+    async def router_load_view() -> Response:
+        return _json(load.router_load_body(server_load))
 
     @app.get("/version")
     async def version() -> Response:

@@ -41,7 +41,7 @@ from braid.stream.tokenize import render_conversations
 from braid.wire import shapes
 from braid.wire.chat_request import ChatBody, ChatRequest, parse_chat
 from braid.wire.chat_response import ChatEvents, ChatPrompts, ChatShape
-from braid.wire.completions_request import CompletionBody, TextPrompt, build_request
+from braid.wire.completions_request import CompletionBody, Prompt, TextPrompt, TokenPrompt, build_request
 from braid.wire.messages import echo_text, response_role
 from braid.wire.openapi import GENERATION_ERRORS, REQUEST_ID, Operation, generation_ok, json_body, ref
 
@@ -72,16 +72,22 @@ async def chat_completions(
                 trust_template=state.settings.trust_request_chat_template,
                 parsers=state.settings.parsers,
             )
-            with trio.move_on_at(deadline):
-                texts = await render_conversations(chat, state.engine.tokenizer, state.tokenize_limiter)
-            check_deadline(deadline, state.settings.request_timeout)
+            prompts: tuple[Prompt, ...]
+            if chat.reused_prompt is not None:
+                # A prefill stage's ids (kv_transfer_params): the prompt as it is, not rendered.
+                prompts = (TokenPrompt(chat.reused_prompt),)
+            else:
+                with trio.move_on_at(deadline):
+                    texts = await render_conversations(chat, state.engine.tokenizer, state.tokenize_limiter)
+                check_deadline(deadline, state.settings.request_timeout)
+                prompts = tuple(TextPrompt(t) for t in texts)
             parsers = request_parsers(state, chat)
             body, structured = chat.body, chat.structured
             if parsers is not None:
                 body, structured = constrain(parsers, chat)
             req = build_request(
                 body,
-                tuple(TextPrompt(t) for t in texts),
+                prompts,
                 state.limits,
                 structured,
                 max_tokens_param="max_completion_tokens",

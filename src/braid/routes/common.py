@@ -26,13 +26,12 @@ from typing import TYPE_CHECKING, Protocol, cast
 import attrs
 import trio
 
-from braid.engine.base import Engine, Observe, check_structured
+from braid.engine.base import Engine, Observe, check_structured, select_model
 from braid.errors import (
     BraidError,
     DeadlineExceeded,
     EngineUnavailable,
     InvalidRequest,
-    ModelNotFound,
     SchemaError,
 )
 from braid.metrics import Metrics
@@ -196,8 +195,7 @@ async def plan_request(
 ) -> Plan:
     """Tokenize and plan a validated request (ids ``{prefix}-...``), within its deadline."""
     engine, settings, info = state.engine, state.settings, state.engine.info
-    if req.model is not None and req.model != info.name:
-        raise ModelNotFound(f"The model `{req.model}` does not exist.", param="model")
+    select_model(info, req.model)  # an unknown model or adapter: vLLM's 404, before any work
     check_structured(engine, req.sampling)  # a constraint the engine cannot compile: 400, not a stream
     state.admission.check_cost(req.sampling.n)
     rid = request_id or req.request_id

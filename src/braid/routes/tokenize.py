@@ -28,7 +28,7 @@ from typing import TypeVar
 import msgspec
 import trio
 
-from braid.engine.base import Tokenizer
+from braid.engine.base import Tokenizer, served_names
 from braid.errors import BraidError, DeadlineExceeded
 from braid.routes.common import AppState, JsonResponse, Route, error_response, require_json
 from braid.stream.tokenize import INLINE_CHARS
@@ -65,7 +65,7 @@ async def tokenize(
         require_json(content_type)
         body = await read_body()
         info = state.engine.info
-        req = parse_tokenize(body, model=info.name, trust_template=state.settings.trust_request_chat_template)
+        req = parse_tokenize(body, model=served_names(info), trust_template=state.settings.trust_request_chat_template)
         tokenizer = state.engine.tokenizer
         large = len(body) > inline_chars
 
@@ -95,7 +95,9 @@ async def detokenize(
         require_json(content_type)
         body = await read_body()
         info = state.engine.info
-        req = parse_detokenize(body, model=info.name, vocab_size=info.vocab_size, max_model_len=info.max_model_len)
+        req = parse_detokenize(
+            body, model=served_names(info), vocab_size=info.vocab_size, max_model_len=info.max_model_len
+        )
         tokenizer = state.engine.tokenizer
 
         def work() -> str:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from braid.engine.base import EngineOutput, EngineRequest, ModelInfo, SamplingParams, Tokenizer
+from braid.engine.base import EngineOutput, EngineRequest, ModelInfo, SamplingParams, Tokenizer, select_model
 from braid.errors import InvalidRequest
 from braid.wire.completions_request import CompletionRequest, TextPrompt
 from braid.wire.output import ResponseMeta
@@ -161,6 +161,7 @@ def make_plan(
     found in the engine's prefix cache.
     """
     encoded = encoded or {}
+    adapter = select_model(info, req.model)  # a LoRA adapter's name selects it (vLLM's 404 otherwise)
     check_limits(req, info, tokenizer)
     engine_prefix = engine_request_id or request_id
     limit = info.max_model_len
@@ -204,10 +205,12 @@ def make_plan(
             text,
             final_only=not req.stream,
             priority=req.priority,  # vLLM's FCFS scheduler ignores it; --scheduling-policy priority uses it
+            lora=adapter,
         )
         items.append(PlanItem(i, request, echo_text))
     return Plan(
-        meta=ResponseMeta(request_id, created, info.name),
+        # vLLM's responses name the adapter that generated them
+        meta=ResponseMeta(request_id, created, info.name if adapter is None else adapter.name),
         items=tuple(items),
         n=params.n,
         stream=req.stream,

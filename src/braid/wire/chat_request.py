@@ -29,6 +29,7 @@ from braid.errors import InvalidRequest, SchemaError
 from braid.settings import ParserOptions
 from braid.wire.completions_request import CompletionBody
 from braid.wire.fields import INT64_MAX, INT64_MIN, Limits, SamplingBody, check_fields, decode_body, structured_of
+from braid.wire.kv_transfer import reused_prompt
 from braid.wire.messages import Message, TemplateOptions, parse_messages, parse_tools
 from braid.wire.structured import Structured
 
@@ -106,6 +107,9 @@ class ChatRequest:
     """False: the reasoning is parsed out and dropped (vLLM's field)."""
     chat_template_kwargs: dict[str, Any] = attrs.field(factory=dict)
     """What vLLM hands its parsers (:func:`_parser_kwargs`; some read ``enable_thinking``)."""
+    reused_prompt: tuple[int, ...] | None = None
+    """``kv_transfer_params.prompt_token_ids``, the prompt in place of the rendered messages
+    (:mod:`braid.wire.kv_transfer`); None: render them."""
 
     @property
     def model(self) -> str | None:
@@ -282,6 +286,8 @@ def parse_chat(
         logprobs=top if b.logprobs else None,
         add_special_tokens=b.add_special_tokens,  # chat's default is false
     )
+    kv, reused = reused_prompt(carried.kv_transfer_params, batch=batch, echo=b.echo, vocab_size=limits.vocab_size)
+    carried = msgspec.structs.replace(carried, kv_transfer_params=kv)
     check_fields(carried, limits, logprobs=carried.logprobs)
     if b.echo and b.prompt_logprobs is None:
         # vLLM's chat: echo reports the prompt's logprobs, at top_logprobs (0: the prompt token
@@ -311,6 +317,7 @@ def parse_chat(
         tool_choice=tool_choice,
         include_reasoning=b.include_reasoning,
         chat_template_kwargs=_parser_kwargs(b),
+        reused_prompt=reused,
     )
 
 

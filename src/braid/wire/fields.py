@@ -127,12 +127,15 @@ class SamplingBody(PassThrough, frozen=True):
     guided_regex: Annotated[Any, msgspec.Meta(extra_json_schema=GUIDED_SCHEMAS["guided_regex"])] = None
     guided_choice: Annotated[Any, msgspec.Meta(extra_json_schema=GUIDED_SCHEMAS["guided_choice"])] = None
     guided_grammar: Annotated[Any, msgspec.Meta(extra_json_schema=GUIDED_SCHEMAS["guided_grammar"])] = None
+    # For the engine's KV connector (disaggregated prefill/decode): SamplingParams.kv_transfer_params,
+    # which vLLM takes in its SamplingParams.extra_args. An engine without a connector ignores it,
+    # as vLLM's does. On chat, its prompt_token_ids replace the rendered prompt (braid.wire.kv_transfer).
+    kv_transfer_params: dict[str, Any] | None = None
     # Fields that change the output and that braid refuses (see UNSUPPORTED).
     use_beam_search: bool = False
     best_of: int | None = None
     logprob_token_ids: Any = None
     repetition_detection: Any = None
-    kv_transfer_params: dict[str, Any] | None = None
 
 
 _PATH = re.compile(r" - at `\$\.?([^`]*)`$")
@@ -214,10 +217,6 @@ UNSUPPORTED = {
     "use_beam_search": "beam search is not supported by braid",
     "logprob_token_ids": "logprob_token_ids is not supported by braid yet",
     "repetition_detection": "repetition_detection is not supported by braid yet",
-    "kv_transfer_params": (
-        "kv_transfer_params is not supported by braid yet: braid does no KV-cache transfer, and would not "
-        "take kv_transfer_params['prompt_token_ids'] as the prompt as vLLM does."
-    ),
 }
 """The shared fields that would change the output and that braid does not implement, each with
 the message of its 400 (``param``: the field). ``use_beam_search`` counts when true, the others
@@ -372,7 +371,16 @@ def _logit_bias(raw: dict[str, float] | None, vocab_size: int) -> tuple[tuple[in
 
 
 _CONVERTED = frozenset(
-    {"max_tokens", "seed", "stop", "logit_bias", "logprobs", "prompt_logprobs", "structured_outputs", "passthrough"}
+    {
+        "max_tokens",
+        "seed",
+        "stop",
+        "logit_bias",
+        "logprobs",
+        "prompt_logprobs",
+        "structured_outputs",
+        "passthrough",
+    }
 )
 # The fields of SamplingParams that sampling_params takes from the body field of the same name.
 _BY_NAME = tuple(f.name for f in attrs.fields(SamplingParams) if f.name not in _CONVERTED)

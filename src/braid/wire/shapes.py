@@ -252,8 +252,8 @@ class ModelCard(_Strict):
     created: int
     owned_by: str
     root: str
-    parent: None
-    max_model_len: int
+    parent: str | None  # a LoRA adapter's base model (vLLM's served name of it); None for the model
+    max_model_len: int | None  # None for a LoRA adapter, as vLLM lists them
     permission: list[dict[str, Any]]  # not `object`: the field above shadows it here
 
 

@@ -29,6 +29,7 @@ Types are strict, as everywhere in braid (msgspec; vLLM coerces ``"1"`` or ``1.0
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Annotated, Any, Literal
 
 import attrs
@@ -164,17 +165,21 @@ class Detokenize:
     tokens: tuple[int, ...]
 
 
-def _check_model(requested: str | None, served: str) -> None:
-    if requested and requested != served:
+Served = str | Collection[str]
+"""The names a request's ``model`` may give: the model's, or it and its LoRA adapters'."""
+
+
+def _check_model(requested: str | None, served: Served) -> None:
+    if requested and requested not in ((served,) if isinstance(served, str) else served):
         raise ModelNotFound(f"The model `{requested}` does not exist.", param="model")
 
 
-def _text(b: TokenizePromptBody, served: str) -> TokenizeText:
+def _text(b: TokenizePromptBody, served: Served) -> TokenizeText:
     _check_model(b.model, served)
     return TokenizeText(b.prompt, b.add_special_tokens, bool(b.return_token_strs))
 
 
-def _chat(body: bytes, served: str, trust_template: bool) -> TokenizeChat:
+def _chat(body: bytes, served: Served, trust_template: bool) -> TokenizeChat:
     b: TokenizeChatBody = decode_body(body, _CHAT)
     empty = b.messages == []  # vLLM's pydantic layer takes it; its renderer refuses it, later
     late: RenderTimeError | None = None  # what vLLM finds only as it renders: after the checks below
@@ -203,8 +208,9 @@ def _chat(body: bytes, served: str, trust_template: bool) -> TokenizeChat:
     return TokenizeChat(messages, template, b.add_special_tokens, bool(b.return_token_strs))
 
 
-def parse_tokenize(body: bytes, *, model: str, trust_template: bool = False) -> TokenizeText | TokenizeChat:
-    """Decode and validate a ``/tokenize`` body for the model served as ``model``: a 400 or a
+def parse_tokenize(body: bytes, *, model: Served, trust_template: bool = False) -> TokenizeText | TokenizeChat:
+    """Decode and validate a ``/tokenize`` body for the model served as ``model`` (or the names,
+    with its LoRA adapters' too, which use the model's tokenizer, as in vLLM): a 400 or a
     404 (:class:`~braid.errors.BraidError`) for what vLLM refuses. ``trust_template``: the
     server's ``--trust-request-chat-template``."""
     form: _Form = decode_body(body, _FORM)  # not JSON, not an object: as vLLM locates it
@@ -228,7 +234,7 @@ def parse_tokenize(body: bytes, *, model: str, trust_template: bool = False) -> 
         return _text(as_text, model)
 
 
-def parse_detokenize(body: bytes, *, model: str, vocab_size: int, max_model_len: int) -> Detokenize:
+def parse_detokenize(body: bytes, *, model: Served, vocab_size: int, max_model_len: int) -> Detokenize:
     """Decode and validate a ``/detokenize`` body (see the module docstring for the bounds)."""
     b: DetokenizeBody = decode_body(body, _DETOKENIZE)
     _check_model(b.model, model)

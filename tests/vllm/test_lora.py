@@ -1,0 +1,184 @@
+"""LoRA adapters on the real engine: braid's own test adapter (braid.models.lora) served on the
+tiny model by a second braid (``--enable-lora --lora-modules``), apart from the tier's shared
+server. The shared engine stays without LoRA: with LoRA on, vLLM 0.32's CPU build kills the
+engine on any step that computes prompt logprobs for two requests at once (its Punica CPU
+wrapper maps the adapters per request, the prompt logprobs' logits per token: vllm#16668), and
+the parity and vLLM tiers ask for prompt logprobs in batches."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from braid.engine.vllm_common import CPU_ENVIRONMENT, OFFLINE_ENVIRONMENT
+from braid.models import lora
+from tests.helpers import parse_sse
+from tools.servers import SERVED_NAME, ServerProcess, engine_settings, run_braid, tiny_model_dir
+
+pytestmark = pytest.mark.vllm
+
+ADAPTER = "tiny-lora"
+PROMPT = "def main("
+
+
+@pytest.fixture(scope="module")
+def adapter() -> Path:
+    return lora.default_adapter()
+
+
+@pytest.fixture(scope="module")
+def lora_server(adapter: Path) -> Iterator[ServerProcess]:
+    log = Path(os.environ.get("BRAID_LORA_LOG", "/tmp/braid-lora-tier.log"))
+    flags = ("--enable-lora", "--max-loras", "2", "--max-lora-rank", "8", "--lora-modules", f"{ADAPTER}={adapter}")
+    with run_braid(*flags, seed=0, log=log) as server:
+        yield server
+
+
+def _complete(server: ServerProcess, model: str, **extra: Any) -> dict[str, Any]:
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 16, "temperature": 0, **extra}
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def test_models_lists_the_adapter_after_the_model_with_the_model_as_parent(
+    lora_server: ServerProcess, adapter: Path
+) -> None:
+    cards = httpx.get(lora_server.url + "/v1/models").json()["data"]
+    assert [c["id"] for c in cards] == [SERVED_NAME, ADAPTER]
+    base, card = cards
+    assert base["parent"] is None and base["max_model_len"] == 1024
+    assert card["parent"] == SERVED_NAME and card["root"] == str(adapter)
+    assert card["max_model_len"] is None and card["object"] == "model"
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions", "/tokenize"])
+def test_an_unknown_model_is_vllms_404(lora_server: ServerProcess, route: str) -> None:
+    body: dict[str, Any] = {"model": "tiny-lora-2", "max_tokens": 4}
+    body |= {"messages": [{"role": "user", "content": "hi"}]} if "chat" in route else {"prompt": PROMPT}
+    r = httpx.post(lora_server.url + route, json=body, timeout=60)
+    assert r.status_code == 404, r.text
+    error = r.json()["error"]
+    assert error["type"] == "NotFoundError" and error["param"] == "model"
+    assert "`tiny-lora-2` does not exist" in error["message"]
+
+
+def test_tokenize_takes_the_adapters_name_and_the_models_tokenizer(lora_server: ServerProcess) -> None:
+    def tokens(model: str) -> list[int]:
+        r = httpx.post(lora_server.url + "/tokenize", json={"model": model, "prompt": PROMPT}, timeout=60)
+        assert r.status_code == 200, r.text
+        return list(r.json()["tokens"])
+
+    assert tokens(ADAPTER) == tokens(SERVED_NAME)
+
+
+def test_the_adapter_changes_greedy_output_and_names_itself(lora_server: ServerProcess) -> None:
+    base = _complete(lora_server, SERVED_NAME)
+    tuned = _complete(lora_server, ADAPTER)
+    assert base["model"] == SERVED_NAME and tuned["model"] == ADAPTER
+    assert tuned["choices"][0]["text"] != base["choices"][0]["text"]
+    assert _complete(lora_server, ADAPTER)["choices"][0]["text"] == tuned["choices"][0]["text"]
+
+
+def test_a_streamed_chat_with_the_adapter_is_the_whole_response(lora_server: ServerProcess) -> None:
+    body = {"model": ADAPTER, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 12, "temperature": 0}
+    url = lora_server.url + "/v1/chat/completions"
+    whole = httpx.post(url, json=body, timeout=60).json()
+    streamed = httpx.post(url, json={**body, "stream": True}, timeout=60)
+    events = [e for e in parse_sse(streamed.content) if e != "[DONE]"]
+    assert {e["model"] for e in events} == {ADAPTER} and whole["model"] == ADAPTER
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+    assert text == whole["choices"][0]["message"]["content"]
+
+
+def test_base_and_adapter_requests_in_one_batch_each_get_their_own_weights(lora_server: ServerProcess) -> None:
+    alone = {m: _complete(lora_server, m)["choices"][0]["text"] for m in (SERVED_NAME, ADAPTER)}
+    models = [SERVED_NAME, ADAPTER] * 4
+    with ThreadPoolExecutor(len(models)) as pool:
+        together = list(pool.map(lambda m: _complete(lora_server, m)["choices"][0]["text"], models))
+    assert together == [alone[m] for m in models]
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_prompt_logprobs_are_refused_with_lora_on_the_cpu_build_and_the_engine_lives(
+    lora_server: ServerProcess, route: str
+) -> None:
+    """Without braid's refusal, one completions request with two prompts (two engine requests
+    in a step), or two chat requests at once, stop vLLM's engine core: a 503 for them and every
+    later request (issue 29's spike). So any request for them is refused, before it starts."""
+    body: dict[str, Any] = {"max_tokens": 4, "prompt_logprobs": 1}
+    body |= {"messages": [{"role": "user", "content": "hi"}]} if "chat" in route else {"prompt": [PROMPT, "x = 1"]}
+    r = httpx.post(lora_server.url + route, json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "prompt_logprobs" and "vllm#16668" in error["message"]
+    assert httpx.get(lora_server.url + "/health").status_code == 200
+    assert _complete(lora_server, SERVED_NAME, logprobs=1)["choices"][0]["logprobs"] is not None
+
+
+@pytest.fixture
+def vllm_environment() -> Iterator[None]:
+    """open_vllm_engine sets vLLM's environment in this process's os.environ: put it back after."""
+    saved = {key: os.environ.get(key) for key in {**OFFLINE_ENVIRONMENT, **CPU_ENVIRONMENT}}
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.mark.usefixtures("vllm_environment")
+@pytest.mark.parametrize("client", ["trio", "asyncio"])
+async def test_the_engine_generates_with_the_adapter_only_when_a_request_names_it(adapter: Path, client: str) -> None:
+    """braid's engine path on its own (EngineRequest.lora -> vLLM's LoRARequest), in process:
+    the adapter's greedy output differs from the model's, and the requests around it that name
+    no adapter get the model's own."""
+    from braid.engine.base import EngineRequest, SamplingParams
+    from braid.engine.vllm import open_vllm_engine
+
+    kwargs = {**engine_settings(0), "enable_lora": True, "max_lora_rank": 8}
+    params = SamplingParams(max_tokens=16, temperature=0.0)
+    async with open_vllm_engine(
+        str(tiny_model_dir()),
+        served_model_name=SERVED_NAME,
+        engine_kwargs=kwargs,
+        lora_modules=[(ADAPTER, str(adapter))],
+        client=client,
+    ) as engine:
+        (selected,) = engine.info.adapters
+        assert (selected.name, selected.id, selected.path, selected.parent) == (ADAPTER, 1, str(adapter), SERVED_NAME)
+        ids = tuple(engine.tokenizer.encode(PROMPT))
+        texts = {}
+        for name, choice in (("base", None), ("tuned", selected), ("base again", None)):
+            async with engine.open_request(EngineRequest(name, ids, params, PROMPT, lora=choice)) as outputs:
+                texts[name] = "".join(c.text for out in [o async for o in outputs] for c in out.choices)
+    assert texts["tuned"] != texts["base"] == texts["base again"]
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+@pytest.mark.usefixtures("vllm_environment")
+async def test_an_adapter_vllm_cannot_load_fails_the_start(tmp_path: Path) -> None:
+    """As vLLM's server loads its --lora-modules: at start, not at the first request naming one."""
+    from braid.engine.vllm import open_vllm_engine
+
+    missing = tmp_path / "no-adapter"
+    kwargs = {**engine_settings(0), "enable_lora": True, "max_lora_rank": 8}
+    # the ValueError, inside the engine's nursery's exception group (an AssertionError if it started)
+    with pytest.raises(BaseException) as caught:
+        async with open_vllm_engine(str(tiny_model_dir()), engine_kwargs=kwargs, lora_modules=[("gone", str(missing))]):
+            raise AssertionError("the engine started")
+    (error,) = _leaves(caught.value)
+    assert isinstance(error, ValueError), repr(error)
+    assert str(error).startswith(f"--lora-modules gone={missing}: ") and "No adapter found" in str(error)
