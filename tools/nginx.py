@@ -22,6 +22,8 @@ from pathlib import Path
 import attrs
 import httpx
 
+from tools.servers import stop
+
 ROOT = Path(__file__).resolve().parent.parent
 SITE = ROOT / "docs" / "nginx.conf"
 
@@ -122,13 +124,7 @@ def run_nginx(site_text: str, listen: int, prefix: Path) -> Iterator[Nginx]:
                 time.sleep(0.05)
         yield Nginx(url, prefix, proc)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGQUIT)
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(proc, signal.SIGQUIT, 5)  # nginx's graceful stop
 
 
 __all__ = ["Nginx", "nginx_binary", "render_site", "run_nginx"]

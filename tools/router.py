@@ -12,19 +12,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
 import attrs
-import httpx
 
-from tools.servers import free_port
+from tools.servers import free_port, stop, wait_healthy
 
 VERSION = "0.1.17"
 """The vllm-router release the tests run. Its ``power_of_two`` polls each worker's ``GET
@@ -102,27 +99,10 @@ def run_router(
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vllm-router exited with {proc.returncode}: {log.read_text()[-3000:]}")
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vllm-router not healthy after {timeout} s; see {log}")
-            time.sleep(0.1)
+        wait_healthy("vllm-router", proc, url, log, timeout)
         yield Router(url, policy, proc, log)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(proc)
 
 
 __all__ = ["VERSION", "Router", "router_binary", "run_router"]

@@ -120,7 +120,20 @@ class ServerProcess:
         return self.proc.pid
 
 
-def _wait_healthy(kind: str, proc: subprocess.Popen[bytes], url: str, log: Path, timeout: float) -> None:
+def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, grace: float = 10.0) -> None:
+    """Stop a child server: ``sig`` (its graceful stop), then SIGKILL after ``grace`` seconds."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def wait_healthy(kind: str, proc: subprocess.Popen[bytes], url: str, log: Path, timeout: float) -> None:
+    """Wait until ``url``'s ``/health`` answers 200; RuntimeError naming ``log`` if the child
+    exits first or ``timeout`` seconds pass (the child is killed then)."""
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
@@ -152,17 +165,11 @@ def _run(
         proc = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env})
         url = f"http://127.0.0.1:{port}"
         try:
-            _wait_healthy(kind, proc, url, log, timeout)
+            wait_healthy(kind, proc, url, log, timeout)
             model = httpx.get(url + "/v1/models", headers=headers, timeout=5).json()["data"][0]["id"]
             yield ServerProcess(kind, url, model, proc, log)
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(stop_timeout)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop(proc, grace=stop_timeout)
 
 
 def _braid_engine_argv(settings: Mapping[str, Any]) -> list[str]:

@@ -22,17 +22,15 @@ built first if need be).
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import json
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import attrs
+
+from braid.models.tiny import build_once
 
 BUILD_VERSION = 1
 
@@ -99,21 +97,8 @@ def build(out: Path, base: Path, spec: LoraSpec = LoraSpec(), *, log=print) -> P
     a file lock, the others wait), and the files are written to a temporary folder renamed into
     place, so no process ever loads a half-written adapter."""
     key = spec.key(base)
-    if _built(out, key):
+    if not build_once(out, lambda: _built(out, key), lambda tmp: _build_into(tmp, base, spec, key)):
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if _built(out, key):
-            return out
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-        try:
-            _build_into(tmp, base, spec, key)
-            if out.exists():
-                shutil.rmtree(out)
-            os.rename(tmp, out)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     log(f"[lora] saved to {out}")
     return out
 

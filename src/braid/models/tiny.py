@@ -25,6 +25,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -90,28 +91,35 @@ def _built(out: Path, spec: TinySpec) -> bool:
 
 
 def build(out: Path, spec: TinySpec = TinySpec(), *, log=print) -> Path:  # type: ignore[no-untyped-def]
-    """Build the model into ``out`` unless a build of the same spec is there; return ``out``.
+    """Build the model into ``out`` unless a build of the same spec is there; return ``out``
+    (:func:`build_once`: safe from several processes at once)."""
+    if build_once(out, lambda: _built(out, spec), lambda tmp: _build_into(tmp, spec, log)):
+        log(f"[tiny] saved to {out}")
+    return out
+
+
+def build_once(out: Path, built: Callable[[], bool], build_into: Callable[[Path], None]) -> bool:
+    """Build into ``out`` with ``build_into(tmp)`` unless ``built()``; True if this call built it.
 
     Safe to call from several processes at once: one builds while the others wait on a file
     lock, and the files are written to a temporary folder that is renamed into place, so no
-    process ever loads a half-written model."""
-    if _built(out, spec):
-        return out
+    process ever loads a half-written build."""
+    if built():
+        return False
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if _built(out, spec):
-            return out
+        if built():
+            return False
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         try:
-            _build_into(tmp, spec, log)
+            build_into(tmp)
             if out.exists():
                 shutil.rmtree(out)
             os.rename(tmp, out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    log(f"[tiny] saved to {out}")
-    return out
+    return True
 
 
 def _build_into(out: Path, spec: TinySpec, log) -> None:  # type: ignore[no-untyped-def]
