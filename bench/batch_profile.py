@@ -41,7 +41,7 @@ from typing import Any
 import httpx
 
 from bench.batch import post_batch
-from bench.common import table
+from bench.common import Section, Target, table
 from bench.vllm_tools import ROOT, WORK, Worker, cpu_env, cpu_seconds, engine_core_pid, random_token_prompts, start_pair
 
 PROMPT_LEN = 32
@@ -335,18 +335,13 @@ def profile_report(name: str, summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--tokens", default="32,128", help="comma-separated max_tokens values")
-    p.add_argument("--prompts", type=int, default=1024)
-    p.add_argument("--profile", action="store_true", help="then one py-spy'd braid request per shape")
-    p.add_argument("--braid-arg", action="append", default=[], help="extra `braid serve` argument")
-    args = p.parse_args()
-    token_counts = [int(t) for t in args.tokens.split(",")]
-    prompts = random_token_prompts(args.prompts, PROMPT_LEN, VOCAB, SEED)
+def measure(
+    rounds: int, token_counts: list[int], n_prompts: int, profile: bool = False, braid_args: tuple[str, ...] = ()
+) -> tuple[dict[str, dict[int, list[dict[str, Any]]]], list[tuple[str, dict[str, Any]]]]:
+    """The rounds: every system once per round and token count, the order rotating. Returns the
+    results by system and token count, and the py-spy summaries (``profile``)."""
+    prompts = random_token_prompts(n_prompts, PROMPT_LEN, VOCAB, SEED)
     started = time.monotonic()
-    load_before = os.getloadavg()
     steps_dir = PROBE / "servers"
     offline_dir = PROBE / "offline"
     env = _probe_env(steps_dir)
@@ -358,7 +353,7 @@ def main() -> None:
     with ExitStack() as stack:
         offline = ProbedWorker(WORK / "batch-profile-offline.log", offline_env)
         stack.enter_context(offline)
-        braid, vllm = stack.enter_context(start_pair("batch-profile", env=env, braid_extra=args.braid_arg))
+        braid, vllm = stack.enter_context(start_pair("batch-profile", env=env, braid_extra=braid_args))
         client = stack.enter_context(httpx.Client(timeout=600))
         servers = {"braid": braid, "vllm": vllm}
         print(f"servers up in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
@@ -369,7 +364,7 @@ def main() -> None:
             for stream in (False, True):
                 post_batch(client, s, prompts, 8, stream)
         for n in token_counts:
-            for r in range(args.rounds):
+            for r in range(rounds):
                 for system in SYSTEMS[r % len(SYSTEMS) :] + SYSTEMS[: r % len(SYSTEMS)]:
                     if system == "offline":
                         res = _measure_offline(offline, offline_dir, prompts, n)
@@ -382,15 +377,73 @@ def main() -> None:
                         file=sys.stderr,
                         flush=True,
                     )
-        if args.profile:
+        if profile:
             for stream in (False, True):
-                name = f"braid {'stream' if stream else 'JSON'}, {args.prompts} prompts, {token_counts[0]} tokens out"
+                name = f"braid {'stream' if stream else 'JSON'}, {n_prompts} prompts, {token_counts[0]} tokens out"
                 raw = WORK / f"batch-profile-pyspy-{'stream' if stream else 'json'}.txt"
                 with _pyspy(braid.pid, raw):
                     t0 = time.monotonic()
                     post_batch(client, braid, prompts, token_counts[0], stream)
                     wall = time.monotonic() - t0
                 profiles.append((f"{name} (wall {wall:.2f} s under py-spy)", _profile_summary(raw)))
+    return results, profiles
+
+
+def run(quick: bool) -> Section:
+    """``make bench``'s section (issue 28 §4): the 1024-prompt batch, JSON and streamed, 32 and 128
+    tokens out, against vLLM's server and the engine alone; the target is issue 28's 0.9×."""
+    token_counts = [32] if quick else [32, 128]
+    rounds = 1 if quick else 3
+    load_before = os.getloadavg()[0]
+    results, _ = measure(rounds, token_counts, 1024)
+    load_after = os.getloadavg()[0]
+
+    def med(system: str, n: int) -> float:
+        return statistics.median(r["wall"] for r in results[system][n])
+
+    targets = []
+    for n in token_counts:
+        for shape, braid, vllm in (("JSON", "braid", "vllm"), ("streamed", "braid-stream", "vllm-stream")):
+            targets.append(
+                Target(
+                    f"1024-prompt batch, {n} tokens out, {shape}: braid / vLLM's server",
+                    med(braid, n) / med(vllm, n),
+                    0.9,
+                    higher_is_better=False,
+                    unit="×",
+                    why_missed="the progressive feed and the engine core's own process (docs/performance.md)",
+                )
+            )
+    md = (
+        f"Mode: {'quick' if quick else 'full'}; {rounds} round(s), load average {load_before:.1f} at the start, "
+        f"{load_after:.1f} at the end. `python -m bench.batch_profile` gives the same with the engine's step "
+        "trace and a py-spy profile (docs/performance.md, issue 28 §1).\n\n" + report(results, token_counts, 1024)
+    )
+    headline = ", ".join(
+        f"{n} out: JSON {med('braid', n) / med('vllm', n):.2f}×, streamed "
+        f"{med('braid-stream', n) / med('vllm-stream', n):.2f}× of vLLM's server"
+        for n in token_counts
+    )
+    return Section(
+        title="The 1024-prompt batch against vLLM's server and the engine alone",
+        markdown=md,
+        headlines=(f"batch_1024: {headline}",),
+        targets=tuple(targets),
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--tokens", default="32,128", help="comma-separated max_tokens values")
+    p.add_argument("--prompts", type=int, default=1024)
+    p.add_argument("--profile", action="store_true", help="then one py-spy'd braid request per shape")
+    p.add_argument("--braid-arg", action="append", default=[], help="extra `braid serve` argument")
+    args = p.parse_args()
+    token_counts = [int(t) for t in args.tokens.split(",")]
+    started = time.monotonic()
+    load_before = os.getloadavg()
+    results, profiles = measure(args.rounds, token_counts, args.prompts, args.profile, tuple(args.braid_arg))
     load_after = os.getloadavg()
     (WORK / "batch-profile.json").write_text(json.dumps({"results": results, "profiles": profiles}, default=str))
     print(report(results, token_counts, args.prompts))

@@ -26,11 +26,13 @@ SECTIONS = (
     "serving",
     "chat_tools",
     "batch",
+    "batch_profile",
     "abort",
     "ceiling",
     "slow_readers",
     "stall",
     "admission",
+    "classes",
     "load",
     "sizing",
 )
