@@ -33,6 +33,7 @@ SECTIONS = (
     "admission",
     "load",
     "sizing",
+    "replicas",
 )
 
 
