@@ -35,6 +35,7 @@ SECTIONS = (
     "classes",
     "load",
     "sizing",
+    "replicas",
 )
 
 

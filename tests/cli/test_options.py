@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 import pytest
 
-from braid.cli.argtypes import lora_module
+from braid.cli.argtypes import json_object, lora_module
 from braid.cli.config import engine_options_from, server_config_from, settings_from
 from braid.cli.engines import TINY_MODEL_ENGINE_ARGS, EngineOptions
 from braid.cli.environ import env_name
@@ -117,6 +117,12 @@ GIVEN: list[tuple[list[str], type[Any], str, Any]] = [
         EngineOptions,
         "lora_modules",
         (("a", "/p/a"), ("b", "/p/b"), ("c", "/p/c=d")),
+    ),
+    (
+        ["--kv-events-config", '{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"}'],
+        EngineOptions,
+        "kv_events_config",
+        {"enable_kv_cache_events": True, "endpoint": "tcp://*:5557"},
     ),
     (["--switch-interval", "0.002"], EngineOptions, "switch_interval", 0.002),
     (["--enable-auto-tool-choice"], ParserOptions, "enable_auto_tool_choice", True),
@@ -281,3 +287,11 @@ def test_an_option_needs_a_plain_default() -> None:
         with pytest.raises(TypeError):
             add_field_option(parser, Owner, name, "--" + name)
     assert field_default(Settings, "max_queued") == 256
+
+
+def test_kv_events_config_is_the_engine_s_and_a_json_object() -> None:
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:5557"}
+    assert EngineOptions(model="m", kv_events_config=config).vllm_kwargs() == {"kv_events_config": config}
+    for text in ("[1]", "tcp://*:5557", '"x"'):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected a JSON object"):
+            json_object(text)

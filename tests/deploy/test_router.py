@@ -2,17 +2,21 @@
 real engine.
 
 Each replica is ``braid serve --engine vllm`` on the tiny model in its own process (its own engine
-core), with ``--enable-server-load-tracking`` so that the router's ``power_of_two`` sees its load.
+core), with ``--enable-server-load-tracking`` so that the router's ``power_of_two`` sees its load,
+and ``--kv-events-config`` so that its engine publishes its KV-cache events for ``kv_aware``.
 The replicas start once for the module, in parallel; a router per policy starts in under a
-second (the whole module: about 45 s on 2 cores). For ``round_robin``, ``power_of_two`` and
-``cache_aware`` the tests show:
+second (the whole module: about 60 s on 2 cores). For ``round_robin``, ``power_of_two``,
+``cache_aware`` and ``kv_aware`` the tests show:
 
 * requests are spread over both replicas (``power_of_two``: by the load the replicas report, read
-  from ``GET /get_load``; ``cache_aware``: a repeated prompt stays where its prefix is cached);
+  from ``GET /get_load``; ``cache_aware``: a repeated prompt stays where its prefix is cached;
+  ``kv_aware``: a prompt goes to the replica whose KV-cache events say it holds its blocks);
 * a stream through the router arrives whole (its chunks, one ``[DONE]``, last);
 * a client that hangs up mid-stream ends the engine request on the replica that had it;
 
-and a replica drained (SIGTERM) under load behind the router fails no request.
+and a replica drained (SIGTERM) under load behind the router fails no request, and on a
+multi-turn chat workload ``cache_aware`` and ``kv_aware`` hit the prefix cache more often than
+``round_robin``.
 
 Counts come from each replica's ``braid_http_responses_total{route=...}`` and
 ``braid_engine_aborts_total`` (what the replica did, not what the router says it did).
@@ -20,6 +24,7 @@ Counts come from each replica's ``braid_http_responses_total{route=...}`` and
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
@@ -32,12 +37,13 @@ import pytest
 
 from tests.helpers import parse_sse
 from tools.router import Router, run_router
-from tools.servers import ServerProcess, run_braid, tiny_model_dir
+from tools.servers import ServerProcess, free_port, run_braid, tiny_model_dir
 
 pytestmark = pytest.mark.vllm
 
-POLICIES = ("round_robin", "power_of_two", "cache_aware")
+POLICIES = ("round_robin", "power_of_two", "cache_aware", "kv_aware")
 COMPLETIONS = "/v1/completions"
+BLOCK_SIZE = 128  # vLLM's KV-cache block on its CPU build, in tokens
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel")
 
 
@@ -59,18 +65,48 @@ def _delta(before: list[float], replicas: tuple[ServerProcess, ...]) -> list[flo
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, ...]]:
+def event_ports() -> tuple[int, ...]:
+    """Where each of the pair publishes its KV-cache events (ZMQ), for ``kv_aware``."""
+    return free_port(), free_port()
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    tmp_path_factory: pytest.TempPathFactory, event_ports: tuple[int, ...]
+) -> Iterator[tuple[ServerProcess, ...]]:
     """Three replicas started at once (about 30 s on 2 cores, where one alone takes 20): the pair
-    the policies are shown on, and a third for the drain test to stop."""
+    the policies are shown on, publishing their KV-cache events, and a third for the drain test
+    to stop."""
     tmp = tmp_path_factory.mktemp("router")
     model = tiny_model_dir()
     args = ("--enable-server-load-tracking", "--graceful-timeout", "5")
+    # vLLM's default topic (empty): vllm-router 0.1.17 credited no prefix from events published
+    # under another (docs/deploy.md)
+    events = [("--kv-events-config", json.dumps(_events_config(port))) for port in event_ports]
     with ExitStack() as stack, ThreadPoolExecutor(3) as pool:
         started = [
-            pool.submit(stack.enter_context, run_braid(*args, model_dir=model, log=tmp / f"replica{i}.log"))
+            pool.submit(
+                stack.enter_context,
+                run_braid(*args, *(events[i] if i < 2 else ()), model_dir=model, log=tmp / f"replica{i}.log"),
+            )
             for i in range(3)
         ]
         yield tuple(f.result() for f in started)
+
+
+def _events_config(port: int) -> dict[str, object]:
+    return {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}"}
+
+
+def _policy_args(policy: str, replicas: tuple[ServerProcess, ...], event_ports: tuple[int, ...]) -> list[str]:
+    """The router's flags for ``policy``: for ``kv_aware``, each replica's event endpoint, the
+    engine's block size and the model's name (which the router 0.1.17 requires with static sources)."""
+    if policy != "kv_aware":
+        return []
+    argv = ["--kv-event-block-size", str(BLOCK_SIZE), "--kv-event-model", replicas[0].model]
+    for replica, port in zip(replicas, event_ports, strict=True):
+        argv += ["--kv-event-source", f"{replica.url}=tcp://127.0.0.1:{port}"]
+    return argv
 
 
 @pytest.fixture(scope="module")
@@ -80,10 +116,14 @@ def replicas(fleet: tuple[ServerProcess, ...]) -> tuple[ServerProcess, ...]:
 
 @pytest.fixture(scope="module", params=POLICIES)
 def router(
-    request: pytest.FixtureRequest, replicas: tuple[ServerProcess, ...], tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    replicas: tuple[ServerProcess, ...],
+    event_ports: tuple[int, ...],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Router]:
     log = tmp_path_factory.mktemp(request.param) / "router.log"
-    with run_router([r.url for r in replicas], request.param, log) as r:
+    extra = _policy_args(request.param, replicas, event_ports)
+    with run_router([r.url for r in replicas], request.param, log, *extra) as r:
         yield r
 
 
@@ -131,6 +171,25 @@ def test_cache_aware_keeps_a_prefix_on_one_replica(router: Router, replicas: tup
     for _ in range(4):
         _complete(router.url, prompt)
     assert sorted(_delta(before, replicas)) == [0, 4]
+
+
+@pytest.mark.parametrize("router", ["kv_aware"], indirect=True)
+def test_kv_aware_sends_a_prompt_to_the_replica_that_holds_its_blocks(
+    router: Router, replicas: tuple[ServerProcess, ...]
+) -> None:
+    """A prompt of two blocks (242 tokens) served once by one replica directly, behind the
+    router's back: the router learns of its first block only from that replica's KV-cache events,
+    and sends the prompt there, whichever replica it is (its idle fallback is the first)."""
+    for holder in (1, 0):
+        prompt = f"{holder} {time.monotonic_ns()}\n" + "def handler(event, context):\n    return {'status': 200}\n" * 12
+        _complete(replicas[holder].url, prompt, max_tokens=2)
+        time.sleep(1.0)  # the events cross ZMQ asynchronously
+        before, hits = _counts(replicas), [r.metrics()["vllm:prefix_cache_hits_total"] for r in replicas]
+        for _ in range(3):
+            _complete(router.url, prompt, max_tokens=2)
+        assert _delta(before, replicas) == [3 if i == holder else 0 for i in range(2)]
+        gained = [r.metrics()["vllm:prefix_cache_hits_total"] - h for r, h in zip(replicas, hits, strict=True)]
+        assert gained[holder] >= 3 * BLOCK_SIZE, gained
 
 
 def test_a_stream_through_the_router_is_whole(router: Router) -> None:
@@ -244,18 +303,20 @@ def _multi_turn_chats(url: str, salt: str, conversations: int = 3, turns: int = 
             messages.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"] or ""})
 
 
-def test_cache_aware_hits_the_prefix_cache_more_than_round_robin(
-    replicas: tuple[ServerProcess, ...], tmp_path_factory: pytest.TempPathFactory
+def test_cache_and_kv_aware_hit_the_prefix_cache_more_than_round_robin(
+    replicas: tuple[ServerProcess, ...], event_ports: tuple[int, ...], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """The same multi-turn chat workload through each policy (its own texts, so neither finds the
-    other's blocks); the hit rate is read from the replicas' ``vllm:prefix_cache_*`` counters."""
+    """The same multi-turn chat workload through each policy (its own texts, so none finds
+    another's blocks); the hit rate is read from the replicas' ``vllm:prefix_cache_*`` counters."""
     rates = {}
-    for policy in ("round_robin", "cache_aware"):
+    for policy in ("round_robin", "cache_aware", "kv_aware"):
         log = tmp_path_factory.mktemp(f"chats-{policy}") / "router.log"
-        with run_router([r.url for r in replicas], policy, log) as router:
+        extra = _policy_args(policy, replicas, event_ports)
+        with run_router([r.url for r in replicas], policy, log, *extra) as router:
             hits, queries = _prefix_cache(replicas)
             _multi_turn_chats(router.url, salt=f"{policy} {time.monotonic_ns()}")
             new_hits, new_queries = _prefix_cache(replicas)
         rates[policy] = (new_hits - hits) / (new_queries - queries)
     print(f"prefix-cache hit rate: {rates}")
     assert rates["cache_aware"] > rates["round_robin"] + 0.2, rates
+    assert rates["kv_aware"] > rates["round_robin"] + 0.2, rates

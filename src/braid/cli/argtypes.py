@@ -25,6 +25,17 @@ def engine_arg(text: str) -> tuple[str, Any]:
         return key.replace("-", "_"), value
 
 
+def json_object(text: str) -> dict[str, Any]:
+    """A JSON object (vLLM's form for its config flags, such as ``--kv-events-config``)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
 def lora_module(text: str) -> tuple[str, str]:
     """A LoRA adapter of ``--lora-modules``, in vLLM's two forms: ``NAME=PATH``, or a JSON object
     ``{"name": ..., "path": ...}`` (vLLM's rule: a text with ``=`` and no ``,`` is the first form).
@@ -83,4 +94,4 @@ def allowed_peers(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-__all__ = ["allowed_peers", "engine_arg", "key_file", "positive", "positive_int"]
+__all__ = ["allowed_peers", "engine_arg", "json_object", "key_file", "positive", "positive_int"]

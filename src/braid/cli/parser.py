@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 
-from braid.cli.argtypes import allowed_peers, engine_arg, key_file, lora_module, positive, positive_int
+from braid.cli.argtypes import allowed_peers, engine_arg, json_object, key_file, lora_module, positive, positive_int
 from braid.cli.engines import ENGINE_CLIENTS, ENGINE_KINDS, EngineOptions
 from braid.cli.environ import API_KEY_ENV, apply_env_defaults
 from braid.cli.fields import add_field_option, field_default
@@ -380,6 +380,16 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     )
     add_field_option(e, EngineOptions, "max_loras", "--max-loras", type=int, help="LoRA adapters in one batch")
     add_field_option(e, EngineOptions, "max_lora_rank", "--max-lora-rank", type=int, help="the adapters' highest rank")
+    add_field_option(
+        e,
+        EngineOptions,
+        "kv_events_config",
+        "--kv-events-config",
+        type=json_object,
+        metavar="JSON",
+        help='KV-cache events on ZMQ for vllm-router\'s kv_aware, e.g. {"enable_kv_cache_events": true, '
+        '"publisher": "zmq", "endpoint": "tcp://*:5557"} (vLLM\'s flag; docs/deploy.md)',
+    )
     add_field_option(
         e,
         EngineOptions,

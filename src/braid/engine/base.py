@@ -240,6 +240,9 @@ class EngineOutput:
     prompt_logprobs: tuple[TopLogprobs | None, ...] | None = None
     num_cached_tokens: int | None = None
     """How many of the prompt's tokens the engine found in its prefix cache (None: not reported)."""
+    kv_transfer_params: Mapping[str, Any] | None = attrs.field(default=None, hash=False)
+    """What the engine's KV connector gives the next stage of a disaggregated deployment, on the
+    request's finished output (vLLM's ``RequestOutput.kv_transfer_params``); None without one."""
 
 
 FailureHandler = Callable[[BraidError], None]

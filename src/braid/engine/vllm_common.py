@@ -290,7 +290,12 @@ def convert_output(ro: Any) -> EngineOutput:
         choices.append(ChoiceDelta(o.index, o.text, tuple(o.token_ids), logprobs, o.finish_reason, o.stop_reason))
     prompt_lps = None if ro.prompt_logprobs is None else tuple(_top(d) for d in ro.prompt_logprobs)
     return EngineOutput(
-        tuple(ro.prompt_token_ids or ()), tuple(choices), bool(ro.finished), prompt_lps, ro.num_cached_tokens
+        tuple(ro.prompt_token_ids or ()),
+        tuple(choices),
+        bool(ro.finished),
+        prompt_lps,
+        ro.num_cached_tokens,
+        ro.kv_transfer_params,
     )
 
 

@@ -119,7 +119,7 @@ class ResponseCollector:
     def body(self) -> bytes:
         if not self.renderer.all_finished:
             raise ProtocolViolation("a non-streaming response needs every choice finished")
-        return self.events.body(self._choices, usage_of(self.plan, self.renderer))
+        return self.events.body(self._choices, usage_of(self.plan, self.renderer), self.renderer.kv_transfer_params)
 
 
 __all__ = ["Phase", "ProtocolViolation", "ResponseCollector", "StreamMerger", "usage_of"]

@@ -7,7 +7,8 @@ the non-streaming text of a choice is the concatenation of its streamed fragment
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -148,6 +149,7 @@ class ChoiceRenderer:
     _choices: list[_ChoiceState] = attrs.field(init=False)
     _prompt_steps: list[tuple[TopLogprobs | None, ...] | None] = attrs.field(init=False)
     _cached: dict[int, int] = attrs.field(init=False, factory=dict)  # by prompt: its first report
+    _kv_transfer: Mapping[str, Any] | None = attrs.field(init=False, default=None)
     _unfinished: int = attrs.field(init=False)  # choices without their finish_reason yet
 
     def __attrs_post_init__(self) -> None:
@@ -169,6 +171,12 @@ class ChoiceRenderer:
         return sum(self._cached.values()) if self._cached else None
 
     @property
+    def kv_transfer_params(self) -> Mapping[str, Any] | None:
+        """The first prompt's KV connector parameters, from its finished output (what vLLM puts in
+        a non-streamed body: ``final_res_batch[0].kv_transfer_params``); None without a connector."""
+        return self._kv_transfer
+
+    @property
     def reasoning_tokens(self) -> int | None:
         """Reasoning tokens over every choice, when the server counts them (a reasoning parser)."""
         return None if self.parsing is None else self.parsing.reasoning_tokens
@@ -187,6 +195,8 @@ class ChoiceRenderer:
             self._prompt_steps[prompt_idx] = output.prompt_logprobs
         if plan.cached_tokens and output.num_cached_tokens is not None and prompt_idx not in self._cached:
             self._cached[prompt_idx] = output.num_cached_tokens  # off by default: nothing per output
+        if prompt_idx == 0 and output.kv_transfer_params is not None:
+            self._kv_transfer = output.kv_transfer_params
         prompt_ids = output.prompt_token_ids
         chunks = []
         for delta in output.choices:

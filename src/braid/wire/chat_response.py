@@ -9,7 +9,8 @@ of both chat routes; everything else of the output side is shared (:mod:`braid.w
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -188,7 +189,9 @@ class ChatEvents:
     def error(self, err: BraidError) -> bytes:
         return error_event(err)
 
-    def body(self, choices: Sequence[CollectedChoice], usage: Usage) -> bytes:
+    def body(
+        self, choices: Sequence[CollectedChoice], usage: Usage, kv_transfer_params: Mapping[str, Any] | None = None
+    ) -> bytes:
         shape, n, meta, with_ids = self.shape, self.prompts.n, self.meta, self.prompts.return_token_ids
         # One conversation's body repeats its prompt's ids and logprobs; a batch's does not.
         single = len(self.prompts.token_ids) == 1
@@ -220,7 +223,8 @@ class ChatEvents:
                 "prompt_logprobs": first.prompt_logprobs if single else None,
                 "prompt_token_ids": self.prompts.token_ids[0] if single and with_ids else None,
                 "prompt_text": None,
-                "kv_transfer_params": None,
+                # vLLM's batch route leaves it out (null) as it does the prompt's ids
+                "kv_transfer_params": kv_transfer_params if single else None,
                 "ec_transfer_params": None,
                 "metrics": None,
             }

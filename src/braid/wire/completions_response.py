@@ -7,7 +7,8 @@ each event costs one msgspec encode of its choice.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -87,7 +88,9 @@ class CompletionEvents:
     def error(self, err: BraidError) -> bytes:
         return error_event(err)
 
-    def body(self, choices: Sequence[CollectedChoice], usage: Usage) -> bytes:
+    def body(
+        self, choices: Sequence[CollectedChoice], usage: Usage, kv_transfer_params: Mapping[str, Any] | None = None
+    ) -> bytes:
         out = []
         for index, ch in enumerate(choices):
             assert ch.first is not None, "a body is built only when every choice has finished"
@@ -116,7 +119,7 @@ class CompletionEvents:
                 "service_tier": None,
                 "system_fingerprint": None,
                 "usage": usage.body(),
-                "kv_transfer_params": None,
+                "kv_transfer_params": kv_transfer_params,
                 "ec_transfer_params": None,
                 "metrics": None,
             }

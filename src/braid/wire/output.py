@@ -11,8 +11,8 @@ here, once.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import attrs
 import msgspec
@@ -166,7 +166,12 @@ class ChoiceEvents(Protocol):
 
     def error(self, err: BraidError) -> bytes: ...
 
-    def body(self, choices: Sequence[CollectedChoice], usage: Usage) -> bytes: ...
+    def body(
+        self, choices: Sequence[CollectedChoice], usage: Usage, kv_transfer_params: Mapping[str, Any] | None = None
+    ) -> bytes:
+        """The non-streamed response; ``kv_transfer_params``: the KV connector's, for the first
+        prompt (:attr:`braid.stream.render.ChoiceRenderer.kv_transfer_params`)."""
+        ...
 
 
 def sse_head(meta: ResponseMeta, obj: str) -> bytes:

@@ -81,7 +81,7 @@ class Completion(_Strict):
     service_tier: None
     system_fingerprint: None
     usage: Usage
-    kv_transfer_params: None
+    kv_transfer_params: dict[str, Any] | None  # the engine's KV connector's, when it has one
     ec_transfer_params: None
     metrics: None
 
@@ -192,7 +192,7 @@ class ChatCompletion(_Strict):
     prompt_logprobs: list[dict[str, PromptLogprob] | None] | None
     prompt_token_ids: list[int] | None
     prompt_text: None
-    kv_transfer_params: None
+    kv_transfer_params: dict[str, Any] | None  # the engine's KV connector's, when it has one
     ec_transfer_params: None
     metrics: None
 
