@@ -45,6 +45,7 @@ _VLLM_FIELDS = (
     "enable_lora",
     "max_loras",
     "max_lora_rank",
+    "max_cpu_loras",
 )
 """The fields that are vLLM engine arguments of the same name, passed on when set."""
 
@@ -81,6 +82,8 @@ class EngineOptions:
     """vLLM's ``--max-loras``: adapters in one batch (vLLM's default: 1)."""
     max_lora_rank: int | None = None
     """vLLM's ``--max-lora-rank`` (vLLM's default: 16)."""
+    max_cpu_loras: int | None = None
+    """vLLM's ``--max-cpu-loras``: adapters the engine keeps loaded (vLLM's default: ``max_loras``)."""
     lora_modules: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_pairs)
     """vLLM's ``--lora-modules``: the adapters served, as (name, path); a request's ``model`` selects one."""
     engine_args: tuple[tuple[str, Any], ...] = attrs.field(default=(), converter=_pairs)
