@@ -203,3 +203,30 @@ def test_an_adapter_over_the_rank_limit_is_a_400_with_vllms_reason(lora_server: 
     assert "LoRA rank 16 is greater than max_lora_rank 8" in r.json()["error"]["message"]
     assert "big" not in [c["id"] for c in httpx.get(lora_server.url + "/v1/models").json()["data"]]
     assert _complete(lora_server, ADAPTER)["model"] == ADAPTER
+
+
+def test_an_unload_under_a_running_stream_leaves_it_whole_on_the_engine(
+    lora_server: ServerProcess, adapter: Path
+) -> None:
+    """vLLM's unload stops serving the name; the engine keeps the weights, so the stream that
+    began with them ends as it would have, and no engine request is left behind."""
+    url = lora_server.url
+    load = {"lora_name": "tiny-lora-run", "lora_path": str(adapter)}
+    assert httpx.post(url + "/v1/load_lora_adapter", json=load, timeout=60).status_code == 200
+    body = {"model": "tiny-lora-run", "prompt": PROMPT, "max_tokens": 200, "ignore_eos": True, "temperature": 0}
+    whole = _complete(lora_server, "tiny-lora-run", max_tokens=200, ignore_eos=True)["choices"][0]["text"]
+    with (
+        httpx.Client(timeout=120) as client,
+        client.stream("POST", url + "/v1/completions", json={**body, "stream": True}) as r,
+    ):
+        chunks = r.iter_raw()
+        raw = next(chunks)
+        unload = client.post(url + "/v1/unload_lora_adapter", json={"lora_name": "tiny-lora-run"})
+        assert unload.status_code == 200, unload.text
+        assert client.post(url + "/v1/completions", json=body).status_code == 404
+        assert lora_server.unfinished() >= 1  # the stream was still running in the engine
+        raw += b"".join(chunks)
+    events = parse_sse(raw)
+    assert events[-1] == "[DONE]" and not any("error" in e for e in events[:-1])
+    assert "".join(e["choices"][0]["text"] for e in events[:-1] if e["choices"]) == whole
+    lora_server.wait_idle()
