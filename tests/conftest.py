@@ -13,7 +13,12 @@ import pytest
 import trio
 
 from tests.helpers import LiveServer, VllmServer, start_server
-from tools.servers import TOOL_FLAGS, run_braid
+from tools.servers import TOOL_FLAGS, ServerProcess, run_braid
+
+LORA_ADAPTER = "tiny-lora"
+"""The name braid's test adapter (braid.models.lora) is served under by :func:`lora_server`."""
+LORA_FLAGS = ("--enable-lora", "--max-loras", "2", "--max-lora-rank", "8")
+"""The LoRA engine settings of braid's LoRA server and of vLLM's in the parity tier."""
 
 
 @pytest.fixture
@@ -40,3 +45,20 @@ def vllm_server() -> Iterator[VllmServer]:
         # a clean drain on SIGTERM is part of what the tier checks
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(60) == 0
+
+
+@pytest.fixture(scope="session")
+def lora_adapter() -> Path:
+    from braid.models import lora
+
+    return lora.default_adapter()
+
+
+@pytest.fixture(scope="session")
+def lora_server(lora_adapter: Path) -> Iterator[ServerProcess]:
+    """A second braid on vLLM, with LoRA on and runtime loading allowed, for the LoRA tests of the
+    vLLM and parity tiers (tests/vllm/test_lora.py says why the shared server has no LoRA)."""
+    log = Path(os.environ.get("BRAID_LORA_LOG", "/tmp/braid-lora-tier.log"))
+    flags = (*LORA_FLAGS, "--allow-runtime-lora-updating", "--lora-modules", f"{LORA_ADAPTER}={lora_adapter}")
+    with run_braid(*flags, seed=0, log=log) as server:
+        yield server

@@ -5,6 +5,7 @@
     BraidError                  (500 InternalServerError)
     ├── InvalidRequest          (400 BadRequestError)   a request braid will not run
     │   ├── SchemaError         (400 "Bad Request")     the body does not fit the schema
+    │   ├── InvalidUserInput    (400 InvalidUserInput)  a LoRA load or unload vLLM refuses
     │   └── EngineRejected      (400 BadRequestError)   the engine refused it after the 200
     ├── Unauthorized            (401 Unauthorized)      no valid API key (braid.http.auth)
     ├── ModelNotFound           (404 NotFoundError)
@@ -71,6 +72,13 @@ class SchemaError(InvalidRequest):
     """The body is not JSON, not an object, or a field has the wrong type (vLLM's pydantic path)."""
 
     type = "Bad Request"
+
+
+class InvalidUserInput(InvalidRequest):
+    """A ``/v1/load_lora_adapter`` or ``/v1/unload_lora_adapter`` that vLLM's server refuses with
+    this type (a name missing, taken, or the model's own: :mod:`braid.engine.adapters`)."""
+
+    type = "InvalidUserInput"
 
 
 class EngineRejected(InvalidRequest):

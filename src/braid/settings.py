@@ -109,6 +109,9 @@ class Settings:
     server_load_tracking: bool = False
     """vLLM's --enable-server-load-tracking: ``GET /load`` (and ``/get_load``, vllm-router's)
     report the generating requests open now (braid.routes.load); without it, 0."""
+    runtime_lora_updating: bool = False
+    """``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` are served (braid.routes.lora):
+    ``--allow-runtime-lora-updating``, or vLLM's ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``."""
     parsers: ParserOptions = attrs.Factory(ParserOptions)
     """Tool calling and reasoning (vLLM's flags)."""
     forwarded_allow_ips: tuple[str, ...] = attrs.field(default=(), converter=parse_allowed)

@@ -41,6 +41,7 @@ EXPOSED = {
         "access_log",
         "forwarded_allow_ips",
         "server_load_tracking",
+        "runtime_lora_updating",
     },
     ServerConfig: {
         "host",
@@ -112,6 +113,8 @@ GIVEN: list[tuple[list[str], type[Any], str, Any]] = [
     (["--enable-lora"], EngineOptions, "enable_lora", True),
     (["--max-loras", "3"], EngineOptions, "max_loras", 3),
     (["--max-lora-rank", "32"], EngineOptions, "max_lora_rank", 32),
+    (["--max-cpu-loras", "4"], EngineOptions, "max_cpu_loras", 4),
+    (["--allow-runtime-lora-updating"], Settings, "runtime_lora_updating", True),
     (
         ["--lora-modules", "a=/p/a", '{"name": "b", "path": "/p/b"}', "--lora-modules", "c=/p/c=d"],
         EngineOptions,
@@ -295,3 +298,11 @@ def test_kv_events_config_is_the_engine_s_and_a_json_object() -> None:
     for text in ("[1]", "tcp://*:5557", '"x"'):
         with pytest.raises(argparse.ArgumentTypeError, match="expected a JSON object"):
             json_object(text)
+
+
+@pytest.mark.parametrize(
+    ("value", "allowed"), [("1", True), ("TRUE", True), (" true ", True), ("0", False), ("yes", False)]
+)
+def test_vllms_variable_allows_runtime_lora_updating_as_vllm_reads_it(value: str, allowed: bool) -> None:
+    args = build_parser().parse_args(["serve"])
+    assert settings_from(args, {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": value}).runtime_lora_updating is allowed

@@ -17,27 +17,18 @@ import httpx
 import pytest
 
 from braid.engine.vllm_common import CPU_ENVIRONMENT, OFFLINE_ENVIRONMENT
-from braid.models import lora
+from tests.conftest import LORA_ADAPTER as ADAPTER
 from tests.helpers import parse_sse
-from tools.servers import SERVED_NAME, ServerProcess, engine_settings, run_braid, tiny_model_dir
+from tools.servers import SERVED_NAME, ServerProcess, engine_settings, tiny_model_dir
 
 pytestmark = pytest.mark.vllm
 
-ADAPTER = "tiny-lora"
 PROMPT = "def main("
 
 
-@pytest.fixture(scope="module")
-def adapter() -> Path:
-    return lora.default_adapter()
-
-
-@pytest.fixture(scope="module")
-def lora_server(adapter: Path) -> Iterator[ServerProcess]:
-    log = Path(os.environ.get("BRAID_LORA_LOG", "/tmp/braid-lora-tier.log"))
-    flags = ("--enable-lora", "--max-loras", "2", "--max-lora-rank", "8", "--lora-modules", f"{ADAPTER}={adapter}")
-    with run_braid(*flags, seed=0, log=log) as server:
-        yield server
+@pytest.fixture
+def adapter(lora_adapter: Path) -> Path:
+    return lora_adapter
 
 
 def _complete(server: ServerProcess, model: str, **extra: Any) -> dict[str, Any]:
@@ -182,3 +173,60 @@ async def test_an_adapter_vllm_cannot_load_fails_the_start(tmp_path: Path) -> No
     (error,) = _leaves(caught.value)
     assert isinstance(error, ValueError), repr(error)
     assert str(error).startswith(f"--lora-modules gone={missing}: ") and "No adapter found" in str(error)
+
+
+def _lora_info(url: str) -> list[dict[str, str]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == "vllm:lora_requests_info"]
+    return [dict(s.labels) for s in family.samples]
+
+
+def test_metrics_report_the_adapters_requests_under_vllms_labels(lora_server: ServerProcess) -> None:
+    """vLLM's vllm:lora_requests_info, fed by braid's engine client as AsyncLLM feeds it: one
+    sample per (max_lora, waiting, running) label set seen, set to the time it was last seen."""
+    _complete(lora_server, ADAPTER, max_tokens=32, ignore_eos=True)
+    labels = _lora_info(lora_server.url)
+    assert all(set(s) == {"max_lora", "waiting_lora_adapters", "running_lora_adapters"} for s in labels), labels
+    # vLLM names an adapter in both labels while it has a request either way (its LoRARequestStates)
+    assert {"max_lora": "2", "waiting_lora_adapters": ADAPTER, "running_lora_adapters": ADAPTER} in labels, labels
+
+
+def test_an_adapter_over_the_rank_limit_is_a_400_with_vllms_reason(lora_server: ServerProcess, tmp_path: Path) -> None:
+    """vLLM's server answers a 500 here (docs/compatibility.md); the adapter is not served."""
+    from braid.models import lora
+
+    big = lora.build(tmp_path / "rank16", tiny_model_dir(), lora.LoraSpec(rank=16), log=lambda *_: None)
+    r = httpx.post(lora_server.url + "/v1/load_lora_adapter", json={"lora_name": "big", "lora_path": str(big)})
+    assert r.status_code == 400, r.text
+    assert "LoRA rank 16 is greater than max_lora_rank 8" in r.json()["error"]["message"]
+    assert "big" not in [c["id"] for c in httpx.get(lora_server.url + "/v1/models").json()["data"]]
+    assert _complete(lora_server, ADAPTER)["model"] == ADAPTER
+
+
+def test_an_unload_under_a_running_stream_leaves_it_whole_on_the_engine(
+    lora_server: ServerProcess, adapter: Path
+) -> None:
+    """vLLM's unload stops serving the name; the engine keeps the weights, so the stream that
+    began with them ends as it would have, and no engine request is left behind."""
+    url = lora_server.url
+    load = {"lora_name": "tiny-lora-run", "lora_path": str(adapter)}
+    assert httpx.post(url + "/v1/load_lora_adapter", json=load, timeout=60).status_code == 200
+    body = {"model": "tiny-lora-run", "prompt": PROMPT, "max_tokens": 200, "ignore_eos": True, "temperature": 0}
+    whole = _complete(lora_server, "tiny-lora-run", max_tokens=200, ignore_eos=True)["choices"][0]["text"]
+    with (
+        httpx.Client(timeout=120) as client,
+        client.stream("POST", url + "/v1/completions", json={**body, "stream": True}) as r,
+    ):
+        chunks = r.iter_raw()
+        raw = next(chunks)
+        unload = client.post(url + "/v1/unload_lora_adapter", json={"lora_name": "tiny-lora-run"})
+        assert unload.status_code == 200, unload.text
+        assert client.post(url + "/v1/completions", json=body).status_code == 404
+        assert lora_server.unfinished() >= 1  # the stream was still running in the engine
+        raw += b"".join(chunks)
+    events = parse_sse(raw)
+    assert events[-1] == "[DONE]" and not any("error" in e for e in events[:-1])
+    assert "".join(e["choices"][0]["text"] for e in events[:-1] if e["choices"]) == whole
+    lora_server.wait_idle()

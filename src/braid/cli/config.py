@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from braid.cli.engines import EngineOptions
-from braid.cli.environ import API_KEY_ENV
+from braid.cli.environ import API_KEY_ENV, RUNTIME_LORA_ENV
 from braid.cli.fields import from_args
 from braid.settings import ParserOptions, Settings
 
@@ -37,13 +37,17 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
     """The front end's settings from ``braid serve``'s flags and ``env`` (default: the process's);
     ValueError for a value the settings refuse."""
     background = tuple(key for keys in args.background_api_key_file for key in keys)
-    keys = api_keys(args, os.environ if env is None else env)
+    env = os.environ if env is None else env
+    keys = api_keys(args, env)
     return from_args(
         Settings,
         args,
         api_keys=keys + tuple(k for k in background if k not in keys),
         background_keys=background,
         parsers=from_args(ParserOptions, args),
+        # vLLM's variable, read as vLLM reads it, turns the routes on as the flag does
+        runtime_lora_updating=args.runtime_lora_updating
+        or env.get(RUNTIME_LORA_ENV, "0").strip().lower() in ("1", "true"),
     )
 
 

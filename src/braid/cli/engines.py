@@ -46,6 +46,7 @@ _VLLM_FIELDS = (
     "max_loras",
     "max_lora_rank",
     "kv_events_config",
+    "max_cpu_loras",
 )
 """The fields that are vLLM engine arguments of the same name, passed on when set."""
 
@@ -85,6 +86,8 @@ class EngineOptions:
     kv_events_config: dict[str, Any] | None = attrs.field(default=None, hash=False)
     """vLLM's ``--kv-events-config``: the engine publishes its KV-cache events (which blocks it
     stored and evicted) on ZMQ, for a router's ``kv_aware`` policy (docs/deploy.md)."""
+    max_cpu_loras: int | None = None
+    """vLLM's ``--max-cpu-loras``: adapters the engine keeps loaded (vLLM's default: ``max_loras``)."""
     lora_modules: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_pairs)
     """vLLM's ``--lora-modules``: the adapters served, as (name, path); a request's ``model`` selects one."""
     engine_args: tuple[tuple[str, Any], ...] = attrs.field(default=(), converter=_pairs)

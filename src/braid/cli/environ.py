@@ -14,6 +14,10 @@ from typing import Any
 API_KEY_ENV = "BRAID_API_KEY"
 """An API key from the environment: unlike --api-key, not visible in ``ps``."""
 
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+"""vLLM's switch for its LoRA load and unload routes; braid reads it too (as its
+``--allow-runtime-lora-updating``), so one environment turns them on in either server."""
+
 _SKIPPED = frozenset({"--help", "--api-key"})
 """Options without a variable of their own (--api-key's is :data:`API_KEY_ENV`)."""
 _TRUE, _FALSE = frozenset({"1", "true", "yes", "on"}), frozenset({"0", "false", "no", "off", ""})
@@ -73,4 +77,4 @@ def _env_value(action: argparse.Action, raw: str) -> Any:
     return values if isinstance(action, argparse._AppendAction) else values[0]
 
 
-__all__ = ["API_KEY_ENV", "apply_env_defaults", "env_name", "long_flag"]
+__all__ = ["API_KEY_ENV", "RUNTIME_LORA_ENV", "apply_env_defaults", "env_name", "long_flag"]

@@ -393,6 +393,23 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     add_field_option(
         e,
         EngineOptions,
+        "max_cpu_loras",
+        "--max-cpu-loras",
+        type=int,
+        help="LoRA adapters the engine keeps loaded, least recently used out first (vLLM's default: --max-loras)",
+    )
+    add_field_option(
+        e,
+        Settings,
+        "runtime_lora_updating",
+        "--allow-runtime-lora-updating",
+        action="store_true",
+        help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter, as vLLM does with "
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (which turns them on too)",
+    )
+    add_field_option(
+        e,
+        EngineOptions,
         "engine_args",
         "--engine-arg",
         type=engine_arg,

@@ -108,7 +108,8 @@ class ModelInfo:
     """Of ``max_num_seqs``, how many braid added for requests waiting for their first slot
     (``braid.stream.admit``'s reserve); the rest is what the operator asked for."""
     adapters: tuple[LoraAdapter, ...] = ()
-    """The LoRA adapters served on top of the model (vLLM's ``--lora-modules``), by name."""
+    """The LoRA adapters served on top of the model (vLLM's ``--lora-modules``, then those loaded
+    at run time: :mod:`braid.engine.adapters`), by name."""
 
 
 def served_names(info: ModelInfo) -> tuple[str, ...]:
@@ -348,7 +349,8 @@ class Engine(Protocol):
         """
         ...
 
-    # Optional: ``check_structured(self, params: SamplingParams) -> None``, see check_structured.
+    # Optional: ``check_structured(self, params: SamplingParams) -> None``, see check_structured;
+    # ``add_lora(self, adapter, *, inplace) -> None``, see LoraLoader.
 
 
 @runtime_checkable
@@ -356,6 +358,23 @@ class StructuredChecker(Protocol):
     """An engine that supports structured output (see :func:`check_structured`)."""
 
     def check_structured(self, params: SamplingParams) -> None: ...
+
+
+@runtime_checkable
+class LoraLoader(Protocol):
+    """An engine that loads LoRA adapters while it runs (:mod:`braid.engine.adapters`).
+
+    ``add_lora`` loads the adapter's weights under its ``id`` (``inplace``: again, over those of
+    that id, as vLLM's ``load_inplace``); it returns once the engine has them, and raises
+    :class:`~braid.errors.ModelNotFound` when there is no adapter at its path (vLLM's message),
+    :class:`~braid.errors.InvalidRequest` when the engine cannot take it (LoRA off, a rank over
+    ``--max-lora-rank``, modules the model lacks), :class:`~braid.errors.EngineUnavailable` when
+    the engine is down. It does not change ``info``: the caller does, once it has returned, and
+    is the only writer of ``info.adapters`` after start-up."""
+
+    info: ModelInfo
+
+    async def add_lora(self, adapter: LoraAdapter, *, inplace: bool = False) -> None: ...
 
 
 def check_structured(engine: Engine, params: SamplingParams) -> None:

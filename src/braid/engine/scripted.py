@@ -66,6 +66,9 @@ The engine counts requests in flight, finished, failed and aborted, and keeps th
 and failed requests (so a test can see that none was aborted twice) and each batch a run asked to
 abort at once. :meth:`ScriptedEngine.wait_until` waits for a condition on those counts, woken at
 each change of them (a test waits on the engine this way, instead of polling it).
+
+LoRA adapters (:meth:`ScriptedEngine.add_lora`): a folder with an ``adapter_config.json`` is taken
+(and recorded in ``loras``), anything else is vLLM's 404; generation ignores adapters.
 """
 
 from __future__ import annotations
@@ -78,11 +81,13 @@ import re
 import struct
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import attrs
 import trio
 
+from braid.engine.adapters import adapter_not_found
 from braid.engine.base import (
     ChoiceDelta,
     Deliver,
@@ -90,6 +95,7 @@ from braid.engine.base import (
     EngineRequest,
     FailureHandler,
     Logprob,
+    LoraAdapter,
     ModelInfo,
     Observe,
     SamplingParams,
@@ -592,6 +598,8 @@ class ScriptedEngine:
     failed_ids: list[str] = attrs.field(factory=list)
     batch_aborts: list[tuple[str, ...]] = attrs.field(factory=list)
     prefix_cache: PrefixCache = attrs.field(factory=PrefixCache)
+    loras: list[tuple[LoraAdapter, bool]] = attrs.field(factory=list)
+    """Each adapter :meth:`add_lora` took, with its ``inplace``."""
     _changed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot, init=False, repr=False)
     """Woken when a request opens, fails or ends (what the counts above change with)."""
 
@@ -615,6 +623,13 @@ class ScriptedEngine:
     def abort_requests(self, request_ids: Sequence[str]) -> None:
         """Records the batch; each request's own ``open_request`` exit still does the abort."""
         self.batch_aborts.append(tuple(request_ids))
+
+    async def add_lora(self, adapter: LoraAdapter, *, inplace: bool = False) -> None:
+        """Takes a folder with an ``adapter_config.json`` (vLLM's 404 otherwise), after a checkpoint."""
+        await trio.lowlevel.checkpoint()
+        if not (Path(adapter.path) / "adapter_config.json").is_file():
+            raise adapter_not_found(adapter.name, adapter.path)
+        self.loras.append((adapter, inplace))
 
     def check_structured(self, params: SamplingParams) -> None:
         """Only ``choice``, of ASCII strings (see the module docstring); anything else is a 400."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from functools import partial
 from typing import Any
 
 import attrs
@@ -31,12 +30,14 @@ from braid.engine.base import (
     EngineOutput,
     EngineRequest,
     FailureHandler,
+    LoraAdapter,
     ModelInfo,
     Observe,
     SamplingParams,
 )
 from braid.engine.vllm_common import (
     CPU_ENGINE_ARGS,
+    LORA_OFF,
     HfTokenizer,
     check_engine_args,
     check_lora_prompt_logprobs,
@@ -46,6 +47,7 @@ from braid.engine.vllm_common import (
     is_cpu_build,
     load_adapters,
     lora_adapters,
+    lora_load_error,
     map_error,
     prepare_environment,
     vllm_lora_request,
@@ -53,7 +55,7 @@ from braid.engine.vllm_common import (
 )
 from braid.engine.vllm_core import open_core_engine
 from braid.engine.vllm_stats import engine_families
-from braid.errors import EngineUnavailable
+from braid.errors import EngineUnavailable, InvalidRequest
 from braid.metrics import EngineFamilies
 
 
@@ -106,16 +108,20 @@ class VllmEngine:
         # the Trio thread while the asyncio thread uses it is safe.
         check_structured(self.llm.input_processor, self._params_cls, params)
 
-    async def add_lora(self, lora_request: Any) -> bool:
-        """Load a LoRA adapter into the engine (``AsyncLLM.add_lora``)."""
+    async def add_lora(self, adapter: LoraAdapter, *, inplace: bool = False) -> None:
+        """Load a LoRA adapter into the engine (``AsyncLLM.add_lora``; see
+        :class:`braid.engine.base.LoraLoader`)."""
+        if self.llm.input_processor.lora_config is None:
+            raise InvalidRequest(LORA_OFF)
+        lora_request = vllm_lora_request(adapter, inplace=inplace)
 
         async def add() -> bool:
             return bool(await self.llm.add_lora(lora_request))
 
         try:
-            return await self.bridge.run(add)
+            await self.bridge.run(add)
         except Exception as exc:
-            raise map_error(exc) from exc
+            raise lora_load_error(adapter, map_error(exc)) from exc
 
     def abort_requests(self, request_ids: Sequence[str]) -> None:
         # One AsyncLLM.abort for the batch: vLLM drops them from its output processor and sends
@@ -253,7 +259,7 @@ async def open_vllm_engine(
         ) as core:
             _freeze_vllm_env()
             if adapters:
-                await load_adapters(partial(core.call_utility, "add_lora"), adapters)
+                await load_adapters(core.add_lora, adapters)
                 core.info = attrs.evolve(core.info, adapters=adapters)
             yield core
         return

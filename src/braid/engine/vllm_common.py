@@ -17,6 +17,7 @@ import attrs
 import msgspec
 import trio
 
+from braid.engine.adapters import adapter_not_found
 from braid.engine.base import (
     ChoiceDelta,
     EngineOutput,
@@ -392,13 +393,32 @@ def check_structured(input_processor: Any, params_cls: Any, p: SamplingParams) -
         raise InvalidRequest(f"{structured.source}: {message}", param=structured.source) from None
 
 
-def vllm_lora_request(adapter: LoraAdapter | None) -> Any:
-    """braid's adapter -> vLLM's ``LoRARequest`` (None: the base model)."""
+def vllm_lora_request(adapter: LoraAdapter | None, *, inplace: bool = False) -> Any:
+    """braid's adapter -> vLLM's ``LoRARequest`` (None: the base model); ``inplace``: its
+    ``load_inplace`` (the engine reloads the weights of that id)."""
     if adapter is None:
         return None
     from vllm.lora.request import LoRARequest
 
-    return LoRARequest(adapter.name, adapter.id, adapter.path)
+    return LoRARequest(adapter.name, adapter.id, adapter.path, load_inplace=inplace)
+
+
+LORA_OFF = "LoRA is not enabled: start the server with --enable-lora to load LoRA adapters."
+
+
+def lora_load_error(adapter: LoraAdapter, exc: BraidError) -> BraidError:
+    """What a failed ``add_lora`` of the engine is to the client (see
+    :class:`braid.engine.base.LoraLoader`): vLLM's 404 when the path holds no adapter (vLLM tells
+    it from the failure's text, as here), the engine's own error when it is down, and a 400
+    with the engine's reason otherwise (vLLM: a 500)."""
+    if isinstance(exc, EngineUnavailable):
+        return exc
+    missing = adapter_not_found(adapter.name, adapter.path)
+    if missing.message in exc.message:
+        return missing
+    reason = exc.message.removeprefix("The engine failed: ").removeprefix("RuntimeError: ")
+    reason = reason.removeprefix("Exception: ").removeprefix("Call to add_lora method failed: ")
+    return InvalidRequest(f"Loading lora {adapter.name} failed: {reason}")
 
 
 LORA_PROMPT_LOGPROBS = (
@@ -433,13 +453,13 @@ def lora_adapters(modules: Sequence[tuple[str, str]], parent: str) -> tuple[Lora
     return tuple(LoraAdapter(name, i, path, parent) for i, (name, path) in enumerate(modules, 1))
 
 
-async def load_adapters(add_lora: Callable[[Any], Awaitable[Any]], adapters: Sequence[LoraAdapter]) -> None:
-    """Load each adapter into the engine before the server starts (``add_lora``: the engine's
-    utility of that name), as vLLM's server loads its ``--lora-modules``: a path vLLM cannot
-    load fails the start, not the first request that names the adapter."""
+async def load_adapters(add_lora: Callable[[LoraAdapter], Awaitable[Any]], adapters: Sequence[LoraAdapter]) -> None:
+    """Load each adapter into the engine before the server starts (``add_lora``: the engine's,
+    :class:`braid.engine.base.LoraLoader`), as vLLM's server loads its ``--lora-modules``: a
+    path vLLM cannot load fails the start, not the first request that names the adapter."""
     for adapter in adapters:
         try:
-            await add_lora(vllm_lora_request(adapter))
+            await add_lora(adapter)
         except BraidError as exc:
             raise ValueError(f"--lora-modules {adapter.name}={adapter.path}: {exc}") from exc
 

@@ -40,20 +40,31 @@ from typing import Any
 import attrs
 import trio
 
-from braid.engine.base import Deliver, EngineOutput, EngineRequest, FailureHandler, ModelInfo, Observe, SamplingParams
+from braid.engine.base import (
+    Deliver,
+    EngineOutput,
+    EngineRequest,
+    FailureHandler,
+    LoraAdapter,
+    ModelInfo,
+    Observe,
+    SamplingParams,
+)
 from braid.engine.vllm_common import (
+    LORA_OFF,
     HfTokenizer,
     check_lora_prompt_logprobs,
     check_structured,
     convert_output,
     engine_outputs,
     fail_after,
+    lora_load_error,
     map_error,
     vllm_lora_request,
     vllm_sampling_params,
 )
 from braid.engine.vllm_stats import VllmStats, engine_families
-from braid.errors import BraidError, EngineError, EngineUnavailable
+from braid.errors import BraidError, EngineError, EngineUnavailable, InvalidRequest
 from braid.metrics import EngineFamilies
 
 log = logging.getLogger("braid.engine")
@@ -312,6 +323,16 @@ class VllmCoreEngine:
         if isinstance(result, BaseException):
             raise map_error(result) from result
         return result
+
+    async def add_lora(self, adapter: LoraAdapter, *, inplace: bool = False) -> None:
+        """Load a LoRA adapter into the engine core (its ``add_lora`` utility; see
+        :class:`braid.engine.base.LoraLoader`)."""
+        if self.input_processor.lora_config is None:
+            raise InvalidRequest(LORA_OFF)
+        try:
+            await self.call_utility("add_lora", vllm_lora_request(adapter, inplace=inplace))
+        except BraidError as exc:
+            raise lora_load_error(adapter, exc) from exc
 
     # -- requests ------------------------------------------------------------------------------
 

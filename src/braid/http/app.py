@@ -23,13 +23,14 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 import braid
-from braid.engine.base import Engine
+from braid.engine.adapters import AdapterRegistry
+from braid.engine.base import Engine, LoraLoader
 from braid.errors import BraidError, error_payload
 from braid.http import access_log, auth, cors, counting, forwarded, limits
 from braid.http import load as load_tracking
 from braid.http.auth import BACKGROUND
 from braid.metrics import EngineFamilies, Metrics
-from braid.routes import chat, completions, load, tokenize
+from braid.routes import chat, completions, load, lora, tokenize
 from braid.routes.common import AppState, JsonResponse, Route, ViewResult, error_headers
 from braid.settings import Settings
 from braid.wire import openapi
@@ -62,7 +63,8 @@ OPERATIONS: tuple[openapi.Operation, ...] = (
 """What ``GET /openapi.json`` documents: every route of the app."""
 
 ROUTES = frozenset(op.path for op in OPERATIONS)
-"""The app's routes, the values of the ``route`` label of ``braid_http_responses_total``."""
+"""The app's routes, the values of the ``route`` label of ``braid_http_responses_total`` (and the
+LoRA routes', when runtime updating is allowed: they are served and documented only then)."""
 
 
 def _json(body: bytes, status: int = 200, headers: tuple[tuple[str, str], ...] = ()) -> Response:
@@ -113,6 +115,23 @@ def _serve(app: BraidApp, state: AppState, route: Route) -> None:
     app.add_url_rule(route.path, route.path, handler, methods=["POST"])
 
 
+def _serve_lora(app: BraidApp, state: AppState, registry: AdapterRegistry | None) -> None:
+    """vLLM's LoRA load and unload routes (braid.routes.lora); a success is a sentence."""
+
+    async def read_body() -> bytes:
+        return await limits.read_body(request, state.settings)
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter() -> Response:
+        text = await lora.load_lora_adapter(registry, read_body, content_type=request.headers.get("Content-Type"))
+        return Response(text, status=200, mimetype="text/plain")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter() -> Response:
+        text = await lora.unload_lora_adapter(registry, read_body, content_type=request.headers.get("Content-Type"))
+        return Response(text, status=200, mimetype="text/plain")
+
+
 def _parsers(engine: Engine, settings: Settings) -> Parsers | None:
     """The parsers the server's flags name, loaded with the model's tokenizer (vLLM imported only
     then); ParserConfigError, one line, for a parser the model's tokenizer cannot serve."""
@@ -125,7 +144,6 @@ def _parsers(engine: Engine, settings: Settings) -> Parsers | None:
 
 def create_app(engine: Engine, settings: Settings | None = None, metrics: Metrics | None = None) -> BraidApp:
     settings = settings or Settings()
-    info = engine.info
     app = BraidApp("braid")
     limits.configure_quart(app, settings)
     # Innermost: only requests the app takes count in GET /load (not a 401, as in vLLM).
@@ -137,7 +155,8 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
     cors.install(app, settings)
     state = AppState(engine, settings, metrics or Metrics(), parsers=_parsers(engine, settings))
     # Outside those: a 401, a preflight and a 404 are answers too.
-    counting.install(app, state.metrics.http_responses, ROUTES)
+    lora_operations = lora.OPERATIONS if settings.runtime_lora_updating else ()
+    counting.install(app, state.metrics.http_responses, ROUTES | {op.path for op in lora_operations})
     access_log.install(app, settings.access_log)
     # Outermost: the access log shows the forwarded client, and nothing inside sees the proxy.
     forwarded.install(app, settings.forwarded_allow_ips)
@@ -149,6 +168,8 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
     if families is not None:
         state.metrics.track_engine(families, lambda: state.admission.waiting)
     app.extensions["braid"] = state
+    if settings.runtime_lora_updating:
+        _serve_lora(app, state, AdapterRegistry(engine) if isinstance(engine, LoraLoader) else None)
 
     @app.errorhandler(BraidError)
     async def _braid_error(err: BraidError) -> Response:
@@ -173,6 +194,7 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
 
     @app.get("/v1/models")
     async def models() -> Response:
+        info = engine.info  # now: adapters come and go (braid.engine.adapters)
         card = responses.ModelCard(
             id=info.name,
             object="model",
@@ -221,7 +243,7 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
     async def metrics_view() -> Response:
         return Response(state.metrics.render(), mimetype="text/plain; version=0.0.4")
 
-    spec = openapi.encoded(settings, braid.__version__, OPERATIONS)
+    spec = openapi.encoded(settings, braid.__version__, (*OPERATIONS, *lora_operations))
 
     @app.get("/openapi.json")
     async def openapi_view() -> Response:
