@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from braid.cli.engines import EngineOptions
 from braid.cli.environ import API_KEY_ENV
 from braid.cli.fields import from_args
-from braid.settings import ParserOptions, Settings
+from braid.settings import ParserOptions, ServingOptions, Settings
 
 if TYPE_CHECKING:
     from braid.http.server import ServerConfig
@@ -44,6 +44,7 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
         api_keys=keys + tuple(k for k in background if k not in keys),
         background_keys=background,
         parsers=from_args(ParserOptions, args),
+        serving=from_args(ServingOptions, args),
     )
 
 

@@ -109,6 +109,8 @@ class ModelInfo:
     (``braid.stream.admit``'s reserve); the rest is what the operator asked for."""
     adapters: tuple[LoraAdapter, ...] = ()
     """The LoRA adapters served on top of the model (vLLM's ``--lora-modules``), by name."""
+    engine_version: str | None = None
+    """The version of vLLM running the model (``GET /version``); None for an engine that is not vLLM."""
 
 
 def served_names(info: ModelInfo) -> tuple[str, ...]:

@@ -25,11 +25,11 @@ from werkzeug.exceptions import HTTPException
 import braid
 from braid.engine.base import Engine
 from braid.errors import BraidError, error_payload
-from braid.http import access_log, auth, cors, counting, forwarded, limits
+from braid.http import access_log, auth, cors, counting, forwarded, limits, orca, request_id
 from braid.http import load as load_tracking
 from braid.http.auth import BACKGROUND
 from braid.metrics import EngineFamilies, Metrics
-from braid.routes import chat, completions, load, tokenize
+from braid.routes import chat, completions, invocations, load, tokenize, tokenizer_info
 from braid.routes.common import AppState, JsonResponse, Route, ViewResult, error_headers
 from braid.settings import Settings
 from braid.wire import openapi
@@ -51,7 +51,7 @@ class BraidApp(QuartTrio):
         return self.extensions["braid"]
 
 
-POST_ROUTES: tuple[Route, ...] = (*completions.ROUTES, *chat.ROUTES, *tokenize.ROUTES)
+POST_ROUTES: tuple[Route, ...] = (*completions.ROUTES, *chat.ROUTES, *tokenize.ROUTES, *invocations.ROUTES)
 """Every POST route of the API, each declared beside its view (its path, view and OpenAPI entry)."""
 
 OPERATIONS: tuple[openapi.Operation, ...] = (
@@ -62,7 +62,15 @@ OPERATIONS: tuple[openapi.Operation, ...] = (
 """What ``GET /openapi.json`` documents: every route of the app."""
 
 ROUTES = frozenset(op.path for op in OPERATIONS)
-"""The app's routes, the values of the ``route`` label of ``braid_http_responses_total``."""
+"""The app's routes, the values of the ``route`` label of ``braid_http_responses_total``; with
+``--enable-tokenizer-info-endpoint``, ``/tokenizer_info`` too (:func:`operations`)."""
+
+
+def operations(settings: Settings) -> tuple[openapi.Operation, ...]:
+    """The routes an app with ``settings`` serves: :data:`OPERATIONS`, and the optional ones its
+    options turn on."""
+    optional = (tokenizer_info.OPERATION,) if settings.serving.tokenizer_info_endpoint else ()
+    return (*OPERATIONS, *optional)
 
 
 def _json(body: bytes, status: int = 200, headers: tuple[tuple[str, str], ...] = ()) -> Response:
@@ -108,6 +116,10 @@ def _serve(app: BraidApp, state: AppState, route: Route) -> None:
             request_id=client_id,
             background=bool(request.scope.get(BACKGROUND, False)),
         )
+        if route.reports_load and isinstance(result, JsonResponse) and result.status == 200:
+            report = orca.load_header(request.headers.get(orca.FORMAT_HEADER), state.metrics)
+            if report:
+                result = JsonResponse(result.status, result.body, (*result.headers, *report))
         return _answer(result, client_id)
 
     app.add_url_rule(route.path, route.path, handler, methods=["POST"])
@@ -135,9 +147,12 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
     # (outermost) answers preflights without a key and labels the 401s too.
     auth.install(app, settings)
     cors.install(app, settings)
+    # Outside CORS: a preflight and a 401 carry the id too, as vLLM's (its outermost middleware).
+    request_id.install(app, settings.serving.request_id_headers)
     state = AppState(engine, settings, metrics or Metrics(), parsers=_parsers(engine, settings))
+    served = operations(settings)
     # Outside those: a 401, a preflight and a 404 are answers too.
-    counting.install(app, state.metrics.http_responses, ROUTES)
+    counting.install(app, state.metrics.http_responses, frozenset(op.path for op in served))
     access_log.install(app, settings.access_log)
     # Outermost: the access log shows the forwarded client, and nothing inside sees the proxy.
     forwarded.install(app, settings.forwarded_allow_ips)
@@ -213,15 +228,28 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
     async def router_load_view() -> Response:
         return _json(load.router_load_body(server_load))
 
+    version_body = msgspec.json.encode(
+        responses.Version(version=info.engine_version or braid.__version__, braid_version=braid.__version__)
+    )
+
     @app.get("/version")
     async def version() -> Response:
-        return _json(msgspec.json.encode(responses.Version(version=braid.__version__)))
+        return _json(version_body)
+
+    if settings.serving.tokenizer_info_endpoint:
+        info_body: list[bytes] = []  # built on the first request: the tokenizer never changes
+
+        @app.get(tokenizer_info.PATH)
+        async def tokenizer_info_view() -> Response:
+            if not info_body:
+                info_body.append(tokenizer_info.tokenizer_info_body(engine.tokenizer))
+            return _json(info_body[0])
 
     @app.get("/metrics")
     async def metrics_view() -> Response:
         return Response(state.metrics.render(), mimetype="text/plain; version=0.0.4")
 
-    spec = openapi.encoded(settings, braid.__version__, OPERATIONS)
+    spec = openapi.encoded(settings, braid.__version__, served)
 
     @app.get("/openapi.json")
     async def openapi_view() -> Response:
