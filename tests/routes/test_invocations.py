@@ -50,19 +50,33 @@ async def test_a_body_with_both_shapes_is_chat_as_vllm_tries_chat_first() -> Non
 @pytest.mark.parametrize(
     "body",
     [
-        {"max_tokens": 3},
-        {"messages": [[{"role": "user", "content": "a"}]]},  # batched chat: no shape of /invocations
-        {"tokens": [1, 2]},
         [1, 2],
-        # each shape's own validation fails: not placed (vLLM's pydantic refuses both models)
+        # each shape's schema refuses it (vLLM's pydantic refuses both models)
         {**CHAT, "temperature": "hot"},
-        {**COMPLETION, "stream_options": {"include_usage": True}},
+        {**COMPLETION, "messages": "hi", "n": "two"},
     ],
 )
-async def test_a_body_neither_route_takes_is_vllms_400(body: object) -> None:
+async def test_a_body_neither_schema_takes_is_vllms_400(body: object) -> None:
     status, err = await answer(json.dumps(body).encode())
     assert status == 400
     assert err["error"] == {"message": NO_HANDLER, "type": "BadRequestError", "param": None, "code": 400}
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        # completions' schema takes any object of the right types: its handler finds no prompt
+        ({"max_tokens": 3}, "prompt"),
+        ({"messages": [[{"role": "user", "content": "a"}]]}, "prompt"),  # batched chat
+        ({"tokens": [1, 2]}, "prompt"),
+        # refused by a route's own check, not its schema: that route's answer, as vLLM's
+        ({**CHAT, "top_logprobs": 2}, "top_logprobs"),
+        ({**COMPLETION, "stream_options": {"include_usage": True}}, "stream_options"),
+    ],
+)
+async def test_a_body_of_a_shape_gets_that_route_s_refusal(body: object, param: str) -> None:
+    status, err = await answer(json.dumps(body).encode())
+    assert status == 400 and err["error"]["type"] == "BadRequestError" and err["error"]["param"] == param
 
 
 async def test_not_json_is_a_json_decode_error() -> None:
@@ -72,6 +86,7 @@ async def test_not_json_is_a_json_decode_error() -> None:
 
 
 async def test_a_placed_body_keeps_its_route_s_errors() -> None:
+    # (through the app, SageMaker's adapter header replaces model: tests/http/test_invocations.py)
     status, err = await answer(json.dumps({**CHAT, "model": "nope"}).encode())
     assert status == 404 and err["error"]["param"] == "model"
     status, err = await answer(json.dumps({**COMPLETION, "model": "nope"}).encode())

@@ -105,7 +105,10 @@ def _serve(app: BraidApp, state: AppState, route: Route) -> None:
     settings = state.settings
 
     async def read_body() -> bytes:
-        return await limits.read_body(request, settings)
+        body = await limits.read_body(request, settings)
+        if route.adapt_body is not None:
+            body = route.adapt_body(body, request.headers.get)
+        return body
 
     async def handler() -> Response:
         client_id = request.headers.get("X-Request-Id")

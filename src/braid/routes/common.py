@@ -146,6 +146,9 @@ class Route:
     """Its whole 200 answers carry vLLM's ORCA load report when the request asks for one
     (``endpoint-load-metrics-format``: :mod:`braid.http.orca`), as vLLM's completions and chat
     routes do."""
+    adapt_body: Callable[[bytes, Callable[[str], str | None]], bytes] | None = None
+    """Rewrites the body from the request's headers (given as a lookup by name) before the view
+    reads it (``/invocations``: SageMaker's adapter header sets ``model``)."""
 
     def __attrs_post_init__(self) -> None:
         if (self.operation.method, self.operation.path) != ("post", self.path):

@@ -2,18 +2,30 @@
 places it.
 
 vLLM tries its request models in order, chat completions then completions, and hands the body
-to the first whose validation it passes; a body neither takes is its 400 ``Cannot find suitable
-handler for request. Expected one of: ['ChatCompletionRequest', 'CompletionRequest']`` (a
-generating model's list), and a body that is not JSON its 400 ``JSON decode error``. braid does
-the same with its own validation (:func:`braid.wire.chat_request.parse_chat`, then
-:func:`braid.wire.completions_request.parse_request`): any 400 of one is "not this shape". The
-chosen route's view then answers the request whole (admission, plan, run, a stream or a JSON
-body, its errors), so an unknown ``model`` is chat's or completions' 404, as on vLLM.
+to the first that pydantic validates. A body one model's schema refuses (a field of the wrong
+type, chat without ``messages``) goes on to the next; an error its validators raise as vLLM's own
+(``VLLMValidationError``: ``top_logprobs`` without ``logprobs``, ``stream_options`` without
+``stream``...) is the answer; and since completions' ``prompt`` is optional there, nearly any
+object is a completions request, whose handler then refuses a missing prompt (400, ``param``
+``prompt``). A body no model takes (its fields of the wrong types, or not an object) is vLLM's
+400 ``Cannot find suitable handler for request. Expected one of: ['ChatCompletionRequest',
+'CompletionRequest']``, a body that is not JSON its 400 ``JSON decode error``.
+
+braid places a body the same way with its own validation, whose errors are split as vLLM's are
+(the parity tier compares them): a :class:`~braid.errors.SchemaError` (vLLM's pydantic ``Bad
+Request``) means "not this shape", any other 400 means "this route, which refuses it". The chosen
+route's view then answers the request whole (admission, plan, run, a stream or a JSON body, its
+errors).
+
+SageMaker names a LoRA adapter in the header ``X-Amzn-SageMaker-Adapter-Identifier``, and vLLM
+sets the body's ``model`` to that header's value before placing it, null when there is no such
+header: on this route the body's own ``model`` is never read (:func:`adapter_from_header`), so any
+name there is served by the base model.
 
 The body is read (within the server's limits) before admission, since it must be read to be
-placed; the view it goes to takes it as read. Neither batched chat (vLLM places it nowhere) nor
-``/tokenize`` is a shape this route takes. Like every route but ``/health`` it needs an API key
-when the server has keys (vLLM guards only ``/v1``-prefixed paths).
+placed; the view it goes to takes it as read. Batched chat is no shape of this route (vLLM places
+it on completions, which finds no prompt), nor is ``/tokenize``. Like every route but ``/health``
+it needs an API key when the server has keys (vLLM guards only ``/v1``-prefixed paths).
 """
 
 from __future__ import annotations
@@ -34,26 +46,46 @@ NO_HANDLER = "Cannot find suitable handler for request. Expected one of: ['ChatC
 """vLLM's message for a body no route takes (its request models' names, in the order it tries them)."""
 
 
-def _takes(check: Callable[[], object]) -> bool:
+ADAPTER_HEADER = "X-Amzn-SageMaker-Adapter-Identifier"
+"""SageMaker's header naming the LoRA adapter a request is for."""
+
+
+def adapter_from_header(body: bytes, header: Callable[[str], str | None]) -> bytes:
+    """The body with its ``model`` set to the adapter header's value (null without the header),
+    as vLLM's SageMaker layer sets it; a body that is not a JSON object is left as it is (it is
+    refused as it is placed)."""
+    try:
+        data = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return body
+    if not isinstance(data, dict):
+        return body
+    data["model"] = header(ADAPTER_HEADER)
+    return msgspec.json.encode(data)
+
+
+def _shape(check: Callable[[], object]) -> bool:
+    """Whether a body is of the shape ``check`` validates: True when it passes or is refused by
+    a check other than the schema's (that route answers it), False for a schema error."""
     try:
         check()
-    except BraidError as err:
-        if err.status != 400:
-            raise
+    except SchemaError:
         return False
+    except BraidError:
+        return True
     return True
 
 
 def place(state: AppState, body: bytes) -> View:
-    """The view a body goes to: chat's when it is a valid chat body, else completions' when it
-    is a valid completions body; else :class:`~braid.errors.InvalidRequest` (vLLM's 400), or a
-    :class:`~braid.errors.SchemaError` for a body that is not JSON."""
+    """The view a body goes to: chat's when it is of chat's shape, else completions' when it is
+    of theirs; else :class:`~braid.errors.InvalidRequest` (vLLM's 400), or a
+    :class:`~braid.errors.SchemaError` for a body that is not JSON (see the module docstring)."""
     try:
         msgspec.json.decode(body)
     except msgspec.DecodeError as exc:
         raise SchemaError(f"JSON decode error: {exc}") from None
     settings = state.settings
-    if _takes(
+    if _shape(
         lambda: parse_chat(
             body,
             state.limits,
@@ -64,7 +96,7 @@ def place(state: AppState, body: bytes) -> View:
         )
     ):
         return chat.chat_completions
-    if _takes(lambda: parse_request(body, state.limits)):
+    if _shape(lambda: parse_request(body, state.limits)):
         return completions.completions
     raise InvalidRequest(NO_HANDLER)
 
@@ -133,8 +165,9 @@ ROUTES = (
             required=((ChatBody, "messages"), (CompletionBody, "prompt")),
         ),
         reports_load=True,
+        adapt_body=adapter_from_header,
     ),
 )
 
 
-__all__ = ["NO_HANDLER", "ROUTES", "invocations", "place"]
+__all__ = ["ADAPTER_HEADER", "NO_HANDLER", "ROUTES", "adapter_from_header", "invocations", "place"]
