@@ -151,7 +151,16 @@ ROUTES = (
                 ),
                 *GENERATION_ERRORS,
             ),
-            request=json_body({"anyOf": [ref(ChatBody), ref(CompletionBody)]}, EXAMPLES),
+            # Any object: which schema it must meet is what placing it decides, and its model
+            # is replaced (SageMaker's adapter header) before either schema is checked.
+            request=json_body(
+                {
+                    "type": "object",
+                    "description": "A ChatBody (placed first) or a CompletionBody; `model` is not read "
+                    "(set from the X-Amzn-SageMaker-Adapter-Identifier header)",
+                },
+                EXAMPLES,
+            ),
             parameters=(REQUEST_ID,),
             structs=(
                 ChatBody,
