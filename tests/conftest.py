@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from tests.helpers import LiveServer, VllmServer, start_server
-from tools.servers import TOOL_FLAGS, ServerProcess, run_braid
+from tools.servers import ROUTE_FLAGS, TOOL_FLAGS, ServerProcess, run_braid
 
 LORA_ADAPTER = "tiny-lora"
 """The name braid's test adapter (braid.models.lora) is served under by :func:`lora_server`."""
@@ -40,7 +40,10 @@ def vllm_server() -> Iterator[VllmServer]:
     (once per machine, cached) and served, as ``make serve`` does."""
     log = Path(os.environ.get("BRAID_VLLM_LOG", "/tmp/braid-vllm-tier.log"))
     # --enable-server-load-tracking as on vLLM's parity server (tests/parity/test_load_parity.py)
-    with run_braid("--fault-hooks", "--enable-server-load-tracking", *TOOL_FLAGS, seed=0, log=log) as server:
+    # ROUTE_FLAGS as on vLLM's parity server: GET /tokenizer_info and X-Request-Id on every answer
+    with run_braid(
+        "--fault-hooks", "--enable-server-load-tracking", *TOOL_FLAGS, *ROUTE_FLAGS, seed=0, log=log
+    ) as server:
         yield VllmServer(server)
         # a clean drain on SIGTERM is part of what the tier checks
         server.proc.send_signal(signal.SIGTERM)

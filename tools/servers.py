@@ -29,6 +29,12 @@ from braid.engine.vllm_common import CPU_ENGINE_ARGS, CPU_ENVIRONMENT, OFFLINE_E
 
 SERVED_NAME = "braid-tiny"
 
+ROUTE_FLAGS = ("--enable-tokenizer-info-endpoint", "--enable-request-id-headers")
+"""vLLM's server options of issue 29 that change no answer's body, on both shared servers (the vLLM
+tier's braid and vLLM's parity server), so the parity tier compares ``GET /tokenizer_info`` and
+``X-Request-Id``. The options that change every answer (``--enable-force-include-usage``,
+``--return-tokens-as-token-ids``) are on neither (docs/compatibility.md, "Server options")."""
+
 TOOL_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "pythonic", "--reasoning-parser", "gemma4")
 """The tool-call and reasoning flags of the vLLM tier's braid and of vLLM's parity server (the same
 on both, so every tier shares one server each): pythonic's format is plain text the tiny model's

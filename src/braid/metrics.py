@@ -133,6 +133,10 @@ class EngineFamilies:
     reason: str = "capacity"
 
 
+ORCA_NAMES = {"vllm:num_requests_waiting": "num_requests_waiting", "vllm:kv_cache_usage_perc": "kv_cache_usage_perc"}
+"""vLLM's gauges an ORCA load report carries, under the names vLLM gives them there."""
+
+
 class ForwardedFamilies:
     """A collector: the families of :class:`EngineFamilies`, read from their registry at scrape
     time, with ``queued()`` added to the waiting gauges (see :meth:`Metrics.track_engine`)."""
@@ -192,6 +196,8 @@ class Metrics:
     failed), from the HTTP request's arrival to braid's receipt of its last output. Aborted and
     failed requests are counted by cause instead."""
     _abort_children: dict[str, Counter] = attrs.field(init=False)
+    _forwarded: ForwardedFamilies | None = attrs.field(init=False, default=None)
+    _queued: Callable[[], float] | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         r = self.registry
@@ -268,13 +274,30 @@ class Metrics:
         Gauge(
             "braid_admission_queued_requests", "Requests waiting for their first engine slot", registry=self.registry
         ).set_function(queued)
+        self._queued = queued
 
     def track_engine(self, families: EngineFamilies, queued: Callable[[], float]) -> None:
         """Expose the engine's own families (vLLM's ``vllm:*``) beside braid's, with ``queued()``
         (braid's admission queue, read at scrape time) added to the waiting gauges: braid holds
         the prompts that wait for engine slots itself, so the engine's own waiting count stays
         near 0 and would tell an autoscaler nothing."""
-        self.registry.register(ForwardedFamilies(families, queued))
+        self._forwarded = ForwardedFamilies(families, queued)
+        self.registry.register(self._forwarded)
+
+    def load_report(self) -> list[tuple[str, float]]:
+        """The figures of an ORCA load report (:mod:`braid.http.orca`), named as vLLM names them,
+        in vLLM's order: ``num_requests_waiting`` (the engine's waiting requests plus those in
+        braid's admission queue, as ``vllm:num_requests_waiting`` shows them) and
+        ``kv_cache_usage_perc`` (the engine's KV-cache use, 0 to 1), one per sample of those
+        gauges. An engine without vLLM's families reports only the requests in admission's queue."""
+        if self._forwarded is None:
+            return [] if self._queued is None else [("num_requests_waiting", float(self._queued()))]
+        out: list[tuple[str, float]] = []
+        for family in self._forwarded.collect():
+            name = ORCA_NAMES.get(family.name)
+            if name is not None and family.type == "gauge":
+                out.extend((name, float(sample.value)) for sample in family.samples)
+        return out
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

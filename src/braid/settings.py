@@ -52,6 +52,23 @@ class ParserOptions:
 
 
 @attrs.frozen
+class ServingOptions:
+    """vLLM's server options that change what its routes answer (issue 29), under vLLM's flags;
+    each off by default, as in vLLM (docs/compatibility.md, "Server options")."""
+
+    tokenizer_info_endpoint: bool = False
+    """``GET /tokenizer_info`` is served (a 404 otherwise): the tokenizer's configuration."""
+    force_include_usage: bool = False
+    """Every stream ends with a usage chunk and carries usage on every chunk, as with
+    ``stream_options: {"include_usage": true, "continuous_usage_stats": true}``."""
+    return_tokens_as_token_ids: bool = False
+    """Logprobs name tokens as ``token_id:N`` when a request does not set its own
+    ``return_tokens_as_token_ids``."""
+    request_id_headers: bool = False
+    """Every response carries ``X-Request-Id`` (braid.http.request_id)."""
+
+
+@attrs.frozen
 class Settings:
     max_prompts: int = attrs.field(default=1024, validator=attrs.validators.gt(0))
     """Prompts per request."""
@@ -114,6 +131,8 @@ class Settings:
     ``--allow-runtime-lora-updating``, or vLLM's ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``."""
     parsers: ParserOptions = attrs.Factory(ParserOptions)
     """Tool calling and reasoning (vLLM's flags)."""
+    serving: ServingOptions = attrs.Factory(ServingOptions)
+    """vLLM's server options of issue 29 (its routes' defaults and optional routes)."""
     forwarded_allow_ips: tuple[str, ...] = attrs.field(default=(), converter=parse_allowed)
     """Peers (IPs, networks, or "*") whose X-Forwarded-For/-Proto are trusted; empty: the headers
     are ignored (braid.http.forwarded)."""
@@ -124,4 +143,4 @@ class Settings:
         return ("/health", "/metrics") if self.metrics_public else ("/health",)
 
 
-__all__ = ["ParserOptions", "Settings"]
+__all__ = ["ParserOptions", "ServingOptions", "Settings"]

@@ -16,9 +16,9 @@ from braid.cli.environ import env_name
 from braid.cli.fields import add_field_option, field_default
 from braid.cli.parser import build_parser
 from braid.http.server import ServerConfig
-from braid.settings import ParserOptions, Settings
+from braid.settings import ParserOptions, ServingOptions, Settings
 
-OWNERS: tuple[type[Any], ...] = (Settings, ServerConfig, EngineOptions, ParserOptions)
+OWNERS: tuple[type[Any], ...] = (Settings, ServerConfig, EngineOptions, ParserOptions, ServingOptions)
 
 EXPOSED = {
     Settings: {
@@ -54,6 +54,7 @@ EXPOSED = {
     },
     EngineOptions: {field.name for field in attrs.fields(EngineOptions)},
     ParserOptions: {field.name for field in attrs.fields(ParserOptions)},
+    ServingOptions: {field.name for field in attrs.fields(ServingOptions)},
 }
 """The fields with an option of their own, stored under the field's name. Settings.api_keys is
 made from three sources (braid.cli.config.api_keys), ServerConfig.fast_send from --stock-send."""
@@ -133,6 +134,10 @@ GIVEN: list[tuple[list[str], type[Any], str, Any]] = [
     (["--tool-parser-plugin", "/p.py"], ParserOptions, "tool_parser_plugin", "/p.py"),
     (["--reasoning-parser", "qwen3"], ParserOptions, "reasoning_parser", "qwen3"),
     (["--exclude-tools-when-tool-choice-none"], ParserOptions, "exclude_tools_when_tool_choice_none", True),
+    (["--enable-tokenizer-info-endpoint"], ServingOptions, "tokenizer_info_endpoint", True),
+    (["--enable-force-include-usage"], ServingOptions, "force_include_usage", True),
+    (["--return-tokens-as-token-ids"], ServingOptions, "return_tokens_as_token_ids", True),
+    (["--enable-request-id-headers"], ServingOptions, "request_id_headers", True),
 ]
 
 
@@ -173,6 +178,7 @@ def test_every_option_reaches_its_field() -> None:
         EngineOptions: engine_options_from(args),
     }
     built[ParserOptions] = built[Settings].parsers
+    built[ServingOptions] = built[Settings].serving
     for given, owner, name, value in GIVEN:
         assert getattr(built[owner], name) == value, given
     covered = {(owner, name) for _, owner, name, _ in GIVEN}

@@ -22,6 +22,7 @@ BODIES = {
     "/v1/chat/completions/batch": json.dumps({"messages": [_CHAT, _CHAT], "max_tokens": 2}).encode(),
     "/tokenize": json.dumps({"messages": _CHAT}).encode(),
     "/detokenize": json.dumps({"tokens": [75, 108]}).encode(),
+    "/invocations": json.dumps({"messages": _CHAT, "max_tokens": 2}).encode(),
 }
 
 
@@ -69,6 +70,7 @@ ROUTES = [
     ("POST", "/v1/chat/completions/batch"),
     ("POST", "/tokenize"),
     ("POST", "/detokenize"),
+    ("POST", "/invocations"),  # open in vLLM (it guards /v1 paths only); guarded like every route here
     ("GET", "/v1/models"),
     ("GET", "/version"),
     ("GET", "/metrics"),

@@ -167,6 +167,7 @@ def test_every_route_conforms_to_the_document(keys: bool) -> None:
                 "POST /v1/chat/completions/batch",
                 "POST /tokenize",
                 "POST /detokenize",
+                "POST /invocations",
             }
         }
         assert server.live.engine.finished_total > 0, "no request reached the engine"

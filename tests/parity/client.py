@@ -11,11 +11,14 @@ from tests.parity.matrix import Case
 
 
 def send(client: httpx.Client, base_url: str, case: Case) -> Reply:
+    headers = dict(case.headers)
     if case.method == "GET":
-        with client.stream("GET", base_url + case.path) as resp:
+        with client.stream("GET", base_url + case.path, headers=headers) as resp:
             raw = resp.read()
-        return make_reply(resp.status_code, resp.headers.get("content-type", ""), raw)
-    body = case.body if isinstance(case.body, bytes) else json.dumps(case.body).encode()
-    with client.stream("POST", base_url + case.path, content=body, headers={"content-type": case.content_type}) as resp:
-        raw = resp.read()
-    return make_reply(resp.status_code, resp.headers.get("content-type", ""), raw)
+    else:
+        body = case.body if isinstance(case.body, bytes) else json.dumps(case.body).encode()
+        headers["content-type"] = case.content_type
+        with client.stream("POST", base_url + case.path, content=body, headers=headers) as resp:
+            raw = resp.read()
+    kept = tuple((name, resp.headers.get(name)) for name in case.response_headers)
+    return make_reply(resp.status_code, resp.headers.get("content-type", ""), raw, kept)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -49,20 +50,56 @@ class Reply:
     body: Any = None  # parsed JSON (non-stream, or an error before the stream started)
     events: tuple[Any, ...] | None = None  # SSE: dicts for data JSON, "[DONE]", ":" for comments
     raw: bytes = b""
+    headers: tuple[tuple[str, str | None], ...] = ()  # the response headers the case compares
 
     @property
     def streamed(self) -> bool:
         return self.events is not None
 
 
-def make_reply(status: int, content_type: str, raw: bytes) -> Reply:
+def make_reply(status: int, content_type: str, raw: bytes, headers: tuple[tuple[str, str | None], ...] = ()) -> Reply:
     if status == 200 and content_type.startswith("text/event-stream"):
-        return Reply(status, content_type, events=tuple(parse_sse(raw)), raw=raw)
+        return Reply(status, content_type, events=tuple(parse_sse(raw)), raw=raw, headers=headers)
     try:
         body = json.loads(raw) if raw else None
     except ValueError:
         body = {"unparsed": raw[:200].decode(errors="replace")}
-    return Reply(status, content_type, body=body, raw=raw)
+    return Reply(status, content_type, body=body, raw=raw, headers=headers)
+
+
+HEX32 = re.compile(r"[0-9a-f]{32}")
+
+
+def _is_float(value: Any) -> bool:
+    if isinstance(value, float):
+        return True
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return isinstance(value, str) and any(c in value for c in ".eE")
+
+
+def header_view(name: str, value: str | None) -> Any:
+    """A response header as compared: an ORCA load report (``endpoint-load-metrics``) as its
+    format, its figures' names in order, and whether every figure is a float (the figures are
+    each server's load at that moment); a server-made request id (32 hex digits, vLLM's
+    ``uuid4().hex``) as its shape; any other value as sent."""
+    if value is None:
+        return None
+    if name == "endpoint-load-metrics":
+        kind, _, rest = value.partition(" ")
+        figures: list[tuple[str, Any]] = []
+        if kind == "TEXT" and rest:
+            for item in rest.split(", "):
+                key, _, number = item.partition("=")
+                figures.append((key.removeprefix("named_metrics."), number))
+        elif kind == "JSON":
+            figures = list(json.loads(rest)["named_metrics"].items())
+        return {"format": kind, "names": [k for k, _ in figures], "floats": all(_is_float(v) for _, v in figures)}
+    if name == "x-request-id" and HEX32.fullmatch(value):
+        return "<32 hex digits>"
+    return value
 
 
 def _error_view(err: Mapping[str, Any]) -> dict[str, Any]:
@@ -198,7 +235,14 @@ def summarize_stream(events: Sequence[Any]) -> dict[str, Any]:
 
 
 def view(reply: Reply) -> dict[str, Any]:
-    """The comparable value of one reply."""
+    """The comparable value of one reply (with the headers its case compares, by :func:`header_view`)."""
+    out = _body_view(reply)
+    if reply.headers:
+        out["headers"] = {name: header_view(name, value) for name, value in reply.headers}
+    return out
+
+
+def _body_view(reply: Reply) -> dict[str, Any]:
     if reply.status != 200:
         body = reply.body if isinstance(reply.body, dict) else {}
         return {"status": reply.status, "error": _error_view(body)}

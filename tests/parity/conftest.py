@@ -15,14 +15,16 @@ from pathlib import Path
 import pytest
 
 from tests.parity.report import RESULTS, render_markdown, render_table
-from tools.servers import TOOL_FLAGS, ServerProcess, run_vllm, tiny_model_dir
+from tools.servers import ROUTE_FLAGS, TOOL_FLAGS, ServerProcess, run_vllm, tiny_model_dir
 
 
 @pytest.fixture(scope="session")
 def vllm_reference(vllm_server: object) -> Iterator[ServerProcess]:
     # After braid's server: it builds the model (once per machine) that both then serve.
     log = Path(os.environ.get("BRAID_VLLM_REFERENCE_LOG", "/tmp/braid-parity-vllm.log"))
-    with run_vllm(*TOOL_FLAGS, "--enable-server-load-tracking", model_dir=tiny_model_dir(), seed=0, log=log) as server:
+    with run_vllm(
+        *TOOL_FLAGS, *ROUTE_FLAGS, "--enable-server-load-tracking", model_dir=tiny_model_dir(), seed=0, log=log
+    ) as server:
         yield server
 
 

@@ -211,6 +211,45 @@ def _batch_chat_reasoning_tokens(braid: View, vllm: View) -> list[str]:
     return problems + diff({**braid, "body": {**braid["body"], "usage": usage}}, vllm)
 
 
+def _version_braid_version(braid: Reply, vllm: Reply, body: Any) -> list[str]:
+    """``GET /version``: braid's ``version`` is vLLM's (the engine's), and it adds ``braid_version``."""
+    import braid as braid_package
+
+    problems = []
+    if vllm.status != 200 or set(vllm.body or {}) != {"version"}:
+        problems.append(f"vLLM's /version is no longer {{version}}: {vllm.status} {vllm.body}")
+    expected = {**(vllm.body or {}), "braid_version": braid_package.__version__}
+    if braid.status != 200 or braid.body != expected:
+        problems.append(f"braid's /version should be {expected}, got {braid.status} {braid.body}")
+    return problems
+
+
+def _tokenizer_pool_class(braid: View, vllm: View) -> list[str]:
+    """``GET /tokenizer_info``: vLLM's ``tokenizer_class`` names the thread-pool subclass its server
+    wraps its tokenizer in (``TokenizerPool`` + the class); braid's names the tokenizer it holds.
+    Every other field matches."""
+    if vllm["status"] != 200 or braid["status"] != 200:
+        return [f"both should answer 200: braid {braid['status']}, vLLM {vllm['status']}"]
+    ours, theirs = braid["body"]["tokenizer_class"], vllm["body"]["tokenizer_class"]
+    problems = [] if theirs == "TokenizerPool" + ours else [f"tokenizer_class: braid {ours!r}, vLLM {theirs!r}"]
+    return problems + diff({**braid["body"], "tokenizer_class": theirs}, vllm["body"])
+
+
+def _request_id_names_the_response(braid: Reply, vllm: Reply, body: Any) -> list[str]:
+    """With --enable-request-id-headers and no client id, vLLM's X-Request-Id on a generating
+    route is a new random id; braid's is the response's ``id``. The answers match otherwise."""
+    problems = diff(
+        {k: v for k, v in view(braid).items() if k != "headers"},
+        {k: v for k, v in view(vllm).items() if k != "headers"},
+    )
+    if view(vllm).get("headers") != {"x-request-id": "<32 hex digits>"}:
+        problems.append(f"vLLM's id is no longer a new uuid4: {vllm.headers}")
+    braid_id = dict(braid.headers).get("x-request-id")
+    if braid.status != 200 or braid_id != braid.body.get("id"):
+        problems.append(f"braid's X-Request-Id should be the response's id, got {braid_id}")
+    return problems
+
+
 DEVIATIONS: dict[str, Deviation] = {
     d.key: d
     for d in (
@@ -258,6 +297,21 @@ DEVIATIONS: dict[str, Deviation] = {
             "batch_chat_reasoning_tokens",
             "/v1/chat/completions/batch reports reasoning_tokens in usage (vLLM 0.32: null there)",
             _views(_batch_chat_reasoning_tokens),
+        ),
+        Deviation(
+            "tokenizer_pool_class",
+            "GET /tokenizer_info names braid's tokenizer class (vLLM: its TokenizerPool wrapper's)",
+            _views(_tokenizer_pool_class),
+        ),
+        Deviation(
+            "version_braid_version",
+            "GET /version adds braid_version beside vLLM's version (the engine's vLLM)",
+            _version_braid_version,
+        ),
+        Deviation(
+            "request_id_names_the_response",
+            "X-Request-Id made by the server on a generating route is the response's id (vLLM: a new uuid4)",
+            _request_id_names_the_response,
         ),
     )
 }

@@ -33,6 +33,8 @@ class Case:
     deviation: str | None = None  # a key of deviations.DEVIATIONS
     path: str = "/v1/completions"  # the route the body is POSTed to
     method: str = "POST"  # GET: the body is not sent
+    headers: tuple[tuple[str, str], ...] = ()  # request headers besides Content-Type
+    response_headers: tuple[str, ...] = ()  # response headers compared (compare.header_view)
 
     @property
     def stream(self) -> bool:
@@ -355,7 +357,146 @@ def _cases() -> list[Case]:
     add("bad JSON", "errors", b'{"model": "braid-tiny", "prompt": "x",')
     add("body is a JSON array", "errors", b"[1, 2]")
     add("wrong content type", "errors", b'{"model": "braid-tiny", "prompt": "x"}', content_type="text/plain")
+    _server_option_cases(add)
     return c
+
+
+CHAT_BODY: dict[str, Any] = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "Hi"}],
+    "max_tokens": 8,
+    "temperature": 0,
+}
+LOAD_NAMES = ("endpoint-load-metrics",)
+ASK_TEXT = (("endpoint-load-metrics-format", "text"),)
+
+
+def _server_option_cases(add: Any) -> None:
+    """Issue 29's routes and options. Both shared servers run tools/servers.py ROUTE_FLAGS
+    (``--enable-tokenizer-info-endpoint``, ``--enable-request-id-headers``)."""
+    group = "server options"
+    add("GET /tokenizer_info", group, None, path="/tokenizer_info", method="GET", deviation="tokenizer_pool_class")
+    add("GET /version", group, None, path="/version", method="GET", deviation="version_braid_version")
+    # /invocations (SageMaker): placed on chat, else completions, by the body's shape
+    add("invocations, a chat body", group, CHAT_BODY, path="/invocations")
+    add("invocations, a chat body streamed", group, {**CHAT_BODY, "stream": True}, path="/invocations")
+    add("invocations, a completions body", group, _req(prompt=[TEXT, TEXT2], logprobs=1), path="/invocations")
+    add(
+        "invocations, a completions body streamed",
+        group,
+        _req(prompt=TEXT, stream=True, stream_options={"include_usage": True}),
+        path="/invocations",
+    )
+    # completions' schema takes any object (prompt is optional there): its handler refuses it
+    add("invocations, neither messages nor prompt", group, {"model": MODEL, "max_tokens": 3}, path="/invocations")
+    add(
+        "invocations, fields of the wrong type for both",
+        group,
+        {"messages": "hi", "prompt": "x", "n": "two"},
+        path="/invocations",
+    )
+    add(
+        "invocations, batched chat is neither",
+        group,
+        {**CHAT_BODY, "messages": [CHAT_BODY["messages"]]},
+        path="/invocations",
+    )
+    add("invocations, a chat body chat refuses", group, {**CHAT_BODY, "top_logprobs": 2}, path="/invocations")
+    # the body's model is replaced by SageMaker's adapter header (null without it)
+    add(
+        "invocations, the body's model is not read",
+        group,
+        _req(prompt=TEXT, model="no-such-model"),
+        path="/invocations",
+    )
+    add(
+        "invocations, the adapter header names an unknown model",
+        group,
+        CHAT_BODY,
+        path="/invocations",
+        headers=(("X-Amzn-SageMaker-Adapter-Identifier", "no-such-adapter"),),
+    )
+    add("invocations, bad JSON", group, b'{"prompt": "x",', path="/invocations")
+    add("invocations, wrong content type", group, b'{"prompt": "x"}', path="/invocations", content_type="text/plain")
+    # X-Request-Id (--enable-request-id-headers): the client's, on any answer
+    rid = ("x-request-id",)
+    client_id = (("X-Request-Id", "parity-request-7"),)
+    add("X-Request-Id: the client's, completions", group, _req(prompt=TEXT), headers=client_id, response_headers=rid)
+    add(
+        "X-Request-Id: the client's, chat streamed",
+        group,
+        {**CHAT_BODY, "stream": True},
+        path="/v1/chat/completions",
+        headers=client_id,
+        response_headers=rid,
+    )
+    add("X-Request-Id: the client's, on an error", group, _req(prompt=[]), headers=client_id, response_headers=rid)
+    add(
+        "X-Request-Id: made by the server, GET /health", group, None, path="/health", method="GET", response_headers=rid
+    )
+    add(
+        "X-Request-Id: made by the server, GET /load",
+        group,
+        None,
+        path="/load",
+        method="GET",
+        response_headers=rid,
+    )
+    add(
+        "X-Request-Id: made by the server, completions",
+        group,
+        _req(prompt=TEXT),
+        response_headers=rid,
+        deviation="request_id_names_the_response",
+    )
+    # the ORCA load report (endpoint-load-metrics-format): whole answers of completions and chat
+    add("ORCA load report, text, completions", group, _req(prompt=TEXT), headers=ASK_TEXT, response_headers=LOAD_NAMES)
+    add(
+        "ORCA load report, json, chat",
+        group,
+        CHAT_BODY,
+        path="/v1/chat/completions",
+        headers=(("endpoint-load-metrics-format", "JSON"),),
+        response_headers=LOAD_NAMES,
+    )
+    add(
+        "ORCA load report, text, invocations",
+        group,
+        CHAT_BODY,
+        path="/invocations",
+        headers=ASK_TEXT,
+        response_headers=LOAD_NAMES,
+    )
+    add(
+        "ORCA load report: none on a stream",
+        group,
+        _req(prompt=TEXT, stream=True),
+        headers=ASK_TEXT,
+        response_headers=LOAD_NAMES,
+    )
+    add(
+        "ORCA load report: none for an unknown format",
+        group,
+        _req(prompt=TEXT),
+        headers=(("endpoint-load-metrics-format", "yaml"),),
+        response_headers=LOAD_NAMES,
+    )
+    add(
+        "ORCA load report: none on an error",
+        group,
+        _req(prompt=[]),
+        headers=ASK_TEXT,
+        response_headers=LOAD_NAMES,
+    )
+    add(
+        "ORCA load report: none on batched chat",
+        group,
+        {**CHAT_BODY, "messages": [CHAT_BODY["messages"]]},
+        path="/v1/chat/completions/batch",
+        headers=ASK_TEXT,
+        response_headers=LOAD_NAMES,
+        deviation="batch_chat_reasoning_tokens",
+    )
 
 
 def _all_cases() -> tuple[Case, ...]:

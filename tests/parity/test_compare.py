@@ -283,3 +283,31 @@ def test_batch_chat_stream_deviation() -> None:
     four = _stream(*(_role(i) for i in range(4)), *(_chat_chunk(i, {"content": "a"}, "stop") for i in range(4)), DONE)
     assert check(four, _refused_n(), _batch_body(n=2, stream=True)) == []
     assert check(good, _refused_n(), _batch_body(n=2, stream=True))  # two choices where four are due
+
+
+def _with_header(name: str, value: str | None) -> Reply:
+    return make_reply(200, "application/json", b"{}", ((name, value),))
+
+
+def test_a_load_report_compares_on_its_format_and_names_not_its_figures() -> None:
+    text = _with_header("endpoint-load-metrics", "TEXT named_metrics.a=0.0, named_metrics.b=0.5")
+    same = _with_header("endpoint-load-metrics", "TEXT named_metrics.a=3.0, named_metrics.b=0.0")
+    assert diff(view(text), view(same)) == []
+    for other in (
+        "TEXT named_metrics.b=0.0, named_metrics.a=0.5",  # another order
+        "TEXT named_metrics.a=0.0",  # a figure missing
+        "TEXT named_metrics.a=0, named_metrics.b=0.5",  # an integer
+        'JSON {"named_metrics": {"a": 0.0, "b": 0.5}}',  # another format
+    ):
+        assert diff(view(text), view(_with_header("endpoint-load-metrics", other))), other
+    assert diff(view(text), view(_with_header("endpoint-load-metrics", None)))
+    json_report = _with_header("endpoint-load-metrics", 'JSON {"named_metrics": {"a": 1.0}}')
+    assert view(json_report)["headers"] == {"endpoint-load-metrics": {"format": "JSON", "names": ["a"], "floats": True}}
+
+
+def test_a_server_made_request_id_compares_on_its_shape_a_client_s_on_its_value() -> None:
+    a = _with_header("x-request-id", "0" * 32)
+    b = _with_header("x-request-id", "f" * 32)
+    assert diff(view(a), view(b)) == []
+    assert diff(view(a), view(_with_header("x-request-id", "cmpl-" + "0" * 32)))
+    assert diff(view(_with_header("x-request-id", "c-1")), view(_with_header("x-request-id", "c-2")))

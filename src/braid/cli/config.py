@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from braid.cli.engines import EngineOptions
 from braid.cli.environ import API_KEY_ENV, RUNTIME_LORA_ENV
 from braid.cli.fields import from_args
-from braid.settings import ParserOptions, Settings
+from braid.settings import ParserOptions, ServingOptions, Settings
 
 if TYPE_CHECKING:
     from braid.http.server import ServerConfig
@@ -48,6 +48,7 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
         # vLLM's variable, read as vLLM reads it, turns the routes on as the flag does
         runtime_lora_updating=args.runtime_lora_updating
         or env.get(RUNTIME_LORA_ENV, "0").strip().lower() in ("1", "true"),
+        serving=from_args(ServingOptions, args),
     )
 
 

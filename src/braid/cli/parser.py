@@ -18,7 +18,7 @@ from braid.cli.engines import ENGINE_CLIENTS, ENGINE_KINDS, EngineOptions
 from braid.cli.environ import API_KEY_ENV, apply_env_defaults
 from braid.cli.fields import add_field_option, field_default
 from braid.logs import LOG_FORMATS
-from braid.settings import ParserOptions, Settings
+from braid.settings import ParserOptions, ServingOptions, Settings
 
 
 def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
@@ -237,6 +237,8 @@ def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser], env
         help='with tool_choice "none", do not show the tools to the chat template',
     )
 
+    add_serving_options(s)
+
     g = s.add_argument_group("logs (braid.logs, braid.http.access_log)")
     g.add_argument(
         "--log-format",
@@ -325,6 +327,44 @@ def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser], env
         help="abort a request this long after it arrived, queue wait included",
     )
     apply_env_defaults(s, env)
+
+
+def add_serving_options(parser: argparse.ArgumentParser) -> None:
+    """vLLM's server options of :class:`~braid.settings.ServingOptions`, under vLLM's flags."""
+    v = parser.add_argument_group('vLLM\'s server options (docs/compatibility.md, "Server options")')
+    add_field_option(
+        v,
+        ServingOptions,
+        "tokenizer_info_endpoint",
+        "--enable-tokenizer-info-endpoint",
+        action="store_true",
+        help="serve GET /tokenizer_info, the tokenizer's configuration (it may show the chat template)",
+    )
+    add_field_option(
+        v,
+        ServingOptions,
+        "force_include_usage",
+        "--enable-force-include-usage",
+        action="store_true",
+        help="every stream carries usage, on each chunk and in a last chunk, as if it asked for "
+        "include_usage and continuous_usage_stats",
+    )
+    add_field_option(
+        v,
+        ServingOptions,
+        "return_tokens_as_token_ids",
+        "--return-tokens-as-token-ids",
+        action="store_true",
+        help="logprobs name each token as token_id:N unless the request sets return_tokens_as_token_ids",
+    )
+    add_field_option(
+        v,
+        ServingOptions,
+        "request_id_headers",
+        "--enable-request-id-headers",
+        action="store_true",
+        help="every response carries X-Request-Id: the client's, else the response's id, else a new one",
+    )
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -436,4 +476,4 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-__all__ = ["add_engine_options", "add_serve", "build_parser"]
+__all__ = ["add_engine_options", "add_serve", "add_serving_options", "build_parser"]

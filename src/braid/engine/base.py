@@ -110,6 +110,8 @@ class ModelInfo:
     adapters: tuple[LoraAdapter, ...] = ()
     """The LoRA adapters served on top of the model (vLLM's ``--lora-modules``, then those loaded
     at run time: :mod:`braid.engine.adapters`), by name."""
+    engine_version: str | None = None
+    """The version of vLLM running the model (``GET /version``); None for an engine that is not vLLM."""
 
 
 def served_names(info: ModelInfo) -> tuple[str, ...]:

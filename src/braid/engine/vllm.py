@@ -188,6 +188,13 @@ def _freeze_vllm_env() -> None:
 ENGINE_CLIENTS = ("trio", "asyncio")
 
 
+def vllm_version() -> str:
+    """The installed vLLM's version (what ``vllm serve``'s ``GET /version`` reports)."""
+    from vllm import __version__
+
+    return str(__version__)
+
+
 def _model_info_maker(model: str, names: Any) -> Callable[[Any], Awaitable[tuple[ModelInfo, HfTokenizer]]]:
     async def make(mc: Any) -> tuple[ModelInfo, HfTokenizer]:
         """ModelInfo from vLLM's model config (read after the engine's handshake, which may lower
@@ -206,6 +213,7 @@ def _model_info_maker(model: str, names: Any) -> Callable[[Any], Awaitable[tuple
             max_model_len=mc.max_model_len,
             vocab_size=mc.get_vocab_size(),
             max_logprobs=mc.max_logprobs,
+            engine_version=vllm_version(),
         )
         return info, tokenizer
 

@@ -26,11 +26,11 @@ import braid
 from braid.engine.adapters import AdapterRegistry
 from braid.engine.base import Engine, LoraLoader
 from braid.errors import BraidError, error_payload
-from braid.http import access_log, auth, cors, counting, forwarded, limits
+from braid.http import access_log, auth, cors, counting, forwarded, limits, orca, request_id
 from braid.http import load as load_tracking
 from braid.http.auth import BACKGROUND
 from braid.metrics import EngineFamilies, Metrics
-from braid.routes import chat, completions, load, lora, tokenize
+from braid.routes import chat, completions, invocations, load, lora, tokenize, tokenizer_info
 from braid.routes.common import AppState, JsonResponse, Route, ViewResult, error_headers
 from braid.settings import Settings
 from braid.wire import openapi
@@ -52,7 +52,7 @@ class BraidApp(QuartTrio):
         return self.extensions["braid"]
 
 
-POST_ROUTES: tuple[Route, ...] = (*completions.ROUTES, *chat.ROUTES, *tokenize.ROUTES)
+POST_ROUTES: tuple[Route, ...] = (*completions.ROUTES, *chat.ROUTES, *tokenize.ROUTES, *invocations.ROUTES)
 """Every POST route of the API, each declared beside its view (its path, view and OpenAPI entry)."""
 
 OPERATIONS: tuple[openapi.Operation, ...] = (
@@ -63,8 +63,17 @@ OPERATIONS: tuple[openapi.Operation, ...] = (
 """What ``GET /openapi.json`` documents: every route of the app."""
 
 ROUTES = frozenset(op.path for op in OPERATIONS)
-"""The app's routes, the values of the ``route`` label of ``braid_http_responses_total`` (and the
-LoRA routes', when runtime updating is allowed: they are served and documented only then)."""
+"""The app's routes, the values of the ``route`` label of ``braid_http_responses_total``; with
+``--enable-tokenizer-info-endpoint``, ``/tokenizer_info`` too, and the LoRA routes when runtime
+updating is allowed (:func:`operations`)."""
+
+
+def operations(settings: Settings) -> tuple[openapi.Operation, ...]:
+    """The routes an app with ``settings`` serves: :data:`OPERATIONS`, and the optional ones its
+    options turn on (served, documented and counted only then)."""
+    optional = (tokenizer_info.OPERATION,) if settings.serving.tokenizer_info_endpoint else ()
+    lora_operations = lora.OPERATIONS if settings.runtime_lora_updating else ()
+    return (*OPERATIONS, *optional, *lora_operations)
 
 
 def _json(body: bytes, status: int = 200, headers: tuple[tuple[str, str], ...] = ()) -> Response:
@@ -99,7 +108,10 @@ def _serve(app: BraidApp, state: AppState, route: Route) -> None:
     settings = state.settings
 
     async def read_body() -> bytes:
-        return await limits.read_body(request, settings)
+        body = await limits.read_body(request, settings)
+        if route.adapt_body is not None:
+            body = route.adapt_body(body, request.headers.get)
+        return body
 
     async def handler() -> Response:
         client_id = request.headers.get("X-Request-Id")
@@ -110,6 +122,10 @@ def _serve(app: BraidApp, state: AppState, route: Route) -> None:
             request_id=client_id,
             background=bool(request.scope.get(BACKGROUND, False)),
         )
+        if route.reports_load and isinstance(result, JsonResponse) and result.status == 200:
+            report = orca.load_header(request.headers.get(orca.FORMAT_HEADER), state.metrics)
+            if report:
+                result = JsonResponse(result.status, result.body, (*result.headers, *report))
         return _answer(result, client_id)
 
     app.add_url_rule(route.path, route.path, handler, methods=["POST"])
@@ -153,10 +169,12 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
     # (outermost) answers preflights without a key and labels the 401s too.
     auth.install(app, settings)
     cors.install(app, settings)
+    # Outside CORS: a preflight and a 401 carry the id too, as vLLM's (its outermost middleware).
+    request_id.install(app, settings.serving.request_id_headers)
     state = AppState(engine, settings, metrics or Metrics(), parsers=_parsers(engine, settings))
+    served = operations(settings)
     # Outside those: a 401, a preflight and a 404 are answers too.
-    lora_operations = lora.OPERATIONS if settings.runtime_lora_updating else ()
-    counting.install(app, state.metrics.http_responses, ROUTES | {op.path for op in lora_operations})
+    counting.install(app, state.metrics.http_responses, frozenset(op.path for op in served))
     access_log.install(app, settings.access_log)
     # Outermost: the access log shows the forwarded client, and nothing inside sees the proxy.
     forwarded.install(app, settings.forwarded_allow_ips)
@@ -235,15 +253,28 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
     async def router_load_view() -> Response:
         return _json(load.router_load_body(server_load))
 
+    version_body = msgspec.json.encode(
+        responses.Version(version=engine.info.engine_version or braid.__version__, braid_version=braid.__version__)
+    )
+
     @app.get("/version")
     async def version() -> Response:
-        return _json(msgspec.json.encode(responses.Version(version=braid.__version__)))
+        return _json(version_body)
+
+    if settings.serving.tokenizer_info_endpoint:
+        info_body: list[bytes] = []  # built on the first request: the tokenizer never changes
+
+        @app.get(tokenizer_info.PATH)
+        async def tokenizer_info_view() -> Response:
+            if not info_body:
+                info_body.append(tokenizer_info.tokenizer_info_body(engine.tokenizer))
+            return _json(info_body[0])
 
     @app.get("/metrics")
     async def metrics_view() -> Response:
         return Response(state.metrics.render(), mimetype="text/plain; version=0.0.4")
 
-    spec = openapi.encoded(settings, braid.__version__, (*OPERATIONS, *lora_operations))
+    spec = openapi.encoded(settings, braid.__version__, served)
 
     @app.get("/openapi.json")
     async def openapi_view() -> Response:

@@ -237,6 +237,7 @@ ROUTES = (
             "Create a chat completion (one conversation in `messages`), as vLLM serves it",
             {"messages": [{"role": "user", "content": "Say this is a test"}], "max_tokens": 16},
         ),
+        reports_load=True,  # as vLLM's single route; its batch route sends no report
     ),
     Route(
         "/v1/chat/completions/batch",

@@ -36,7 +36,7 @@ from braid.errors import (
 )
 from braid.metrics import Metrics
 from braid.routes.body import CompletionStream
-from braid.settings import Settings
+from braid.settings import ServingOptions, Settings
 from braid.stream.admit import Admission, Ticket, admission_for
 from braid.stream.merge import ResponseCollector, StreamMerger
 from braid.stream.plan import Arrival, Plan, check_limits, make_plan
@@ -142,6 +142,13 @@ class Route:
     path: str
     view: View
     operation: Operation
+    reports_load: bool = False
+    """Its whole 200 answers carry vLLM's ORCA load report when the request asks for one
+    (``endpoint-load-metrics-format``: :mod:`braid.http.orca`), as vLLM's completions and chat
+    routes do."""
+    adapt_body: Callable[[bytes, Callable[[str], str | None]], bytes] | None = None
+    """Rewrites the body from the request's headers (given as a lookup by name) before the view
+    reads it (``/invocations``: SageMaker's adapter header sets ``model``)."""
 
     def __attrs_post_init__(self) -> None:
         if (self.operation.method, self.operation.path) != ("post", self.path):
@@ -195,6 +202,7 @@ async def plan_request(
 ) -> Plan:
     """Tokenize and plan a validated request (ids ``{prefix}-...``), within its deadline."""
     engine, settings, info = state.engine, state.settings, state.engine.info
+    req = server_defaults(req, settings.serving)
     select_model(info, req.model)  # an unknown model or adapter: vLLM's 404, before any work
     check_structured(engine, req.sampling)  # a constraint the engine cannot compile: 400, not a stream
     state.admission.check_cost(req.sampling.n)
@@ -216,6 +224,18 @@ async def plan_request(
         encoded=encoded,
         cached_tokens=settings.prompt_tokens_details,
     )
+
+
+def server_defaults(req: CompletionRequest, serving: ServingOptions) -> CompletionRequest:
+    """The request with what the server's options decide for it, as vLLM's serving layer
+    decides it: ``--enable-force-include-usage`` turns on a stream's usage chunk and its
+    continuous usage whatever ``stream_options`` says (vLLM's ``should_include_usage``), and
+    ``--return-tokens-as-token-ids`` is the default of a request that leaves the field unset."""
+    if serving.force_include_usage and req.stream:
+        req = attrs.evolve(req, include_usage=True, continuous_usage=True)
+    if serving.return_tokens_as_token_ids and req.return_tokens_as_token_ids is None:
+        req = attrs.evolve(req, return_tokens_as_token_ids=True)  # unset without the option plans as false
+    return req
 
 
 def open_run(
@@ -299,5 +319,6 @@ __all__ = [
     "open_run",
     "plan_request",
     "require_json",
+    "server_defaults",
     "stream",
 ]

@@ -132,6 +132,7 @@ ROUTES = (
             # itself (a 400 naming it); to a client it is required.
             required=((CompletionBody, "prompt"),),
         ),
+        reports_load=True,
     ),
 )
 

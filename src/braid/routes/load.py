@@ -8,7 +8,7 @@ reads: its ``power_of_two`` policy polls ``GET /get_load`` on each worker and ta
 (vllm-project/router#174: it never asks ``/load``), so ``/get_load`` answers ``{"load": N}``.
 
 **What N counts** (with the flag): every ``POST`` to a generating route (``/v1/completions``,
-``/v1/chat/completions``, ``/v1/chat/completions/batch``; :data:`GENERATING`) from the moment the
+``/v1/chat/completions``, ``/v1/chat/completions/batch``, ``/invocations``; :data:`GENERATING`) from the moment the
 app takes the request to the moment its answer has been sent, whatever that answer is (a stream,
 a whole body, a 4xx or 5xx), or its client has gone and its run has aborted. So a request waiting
 in braid's admission queue for engine slots counts, as one running in the engine does: braid
@@ -28,10 +28,10 @@ from __future__ import annotations
 import attrs
 import msgspec
 
-from braid.routes import chat, completions
+from braid.routes import chat, completions, invocations
 from braid.wire.openapi import Operation, Outcome, ref
 
-GENERATING: frozenset[str] = frozenset(r.path for r in (*completions.ROUTES, *chat.ROUTES))
+GENERATING: frozenset[str] = frozenset(r.path for r in (*completions.ROUTES, *chat.ROUTES, *invocations.ROUTES))
 """The routes whose ``POST`` s count in the load figure: those that open engine requests."""
 
 

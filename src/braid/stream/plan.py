@@ -221,7 +221,7 @@ def make_plan(
         include_usage=req.include_usage,
         continuous_usage=req.continuous_usage,
         return_token_ids=req.return_token_ids,
-        tokens_as_ids=req.return_tokens_as_token_ids,
+        tokens_as_ids=bool(req.return_tokens_as_token_ids),
         cached_tokens=cached_tokens,
         priority=req.priority,
         background=req.background,

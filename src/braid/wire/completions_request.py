@@ -84,7 +84,8 @@ class CompletionRequest:
     continuous_usage: bool
     echo: bool
     return_token_ids: bool
-    return_tokens_as_token_ids: bool
+    return_tokens_as_token_ids: bool | None
+    """None: the server's default (``--return-tokens-as-token-ids``), applied as the request is planned."""
     add_special_tokens: bool
     truncate_prompt_tokens: int | None
     truncation_side: str | None  # "left" (keep the last tokens), "right" (the first), None: left
@@ -253,7 +254,7 @@ def build_request(
         continuous_usage=include_usage and bool(b.stream_options and b.stream_options.continuous_usage_stats),
         echo=bool(b.echo),
         return_token_ids=bool(b.return_token_ids),
-        return_tokens_as_token_ids=bool(b.return_tokens_as_token_ids),
+        return_tokens_as_token_ids=b.return_tokens_as_token_ids,
         add_special_tokens=b.add_special_tokens,
         truncate_prompt_tokens=b.truncate_prompt_tokens,
         truncation_side=b.truncation_side,

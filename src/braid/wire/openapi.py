@@ -168,8 +168,8 @@ SERVER_OPERATIONS = (
     Operation(
         "get",
         "/version",
-        "braid's version",
-        (Outcome(200, "The version.", {"application/json": {"schema": ref(responses.Version)}}),),
+        "The version of vLLM running the model (vLLM's field), and braid's",
+        (Outcome(200, "The versions.", {"application/json": {"schema": ref(responses.Version)}}),),
         structs=(responses.Version,),
     ),
     Operation(

@@ -263,7 +263,13 @@ class ModelList(_Strict):
 
 
 class Version(_Strict):
+    """``GET /version``: vLLM's shape (``version``, which vLLM's clients read) and braid's own.
+    ``version`` is the version of vLLM that runs the model, as ``vllm serve`` reports it (so a
+    client that checks for a vLLM feature by version gets the engine's), or braid's own on an
+    engine that is not vLLM; ``braid_version`` is always braid's."""
+
     version: str
+    braid_version: str
 
 
 class Tokenize(_Strict):
