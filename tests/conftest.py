@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -40,3 +41,9 @@ def vllm_server() -> Iterator[VllmServer]:
         # a clean drain on SIGTERM is part of what the tier checks
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(60) == 0
+
+
+# Every `braid serve` a test starts (they inherit the environment) keeps its store in a directory
+# of this session's, never in the user's data directory.
+_STORE_DIR = tempfile.mkdtemp(prefix="braid-test-store-")
+os.environ.setdefault("BRAID_STORAGE_DIR", _STORE_DIR)

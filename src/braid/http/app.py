@@ -25,13 +25,14 @@ from werkzeug.exceptions import HTTPException
 import braid
 from braid.engine.base import Engine
 from braid.errors import BraidError, error_payload
-from braid.http import access_log, auth, cors, counting, forwarded, limits
+from braid.http import access_log, auth, cors, counting, forwarded, limits, storage
 from braid.http import load as load_tracking
 from braid.http.auth import BACKGROUND
 from braid.metrics import EngineFamilies, Metrics
 from braid.routes import chat, completions, load, tokenize
 from braid.routes.common import AppState, JsonResponse, Route, ViewResult, error_headers
 from braid.settings import Settings
+from braid.store.db import Store
 from braid.wire import openapi
 from braid.wire import shapes as responses
 from braid.wire.output import error_body
@@ -45,6 +46,7 @@ log = logging.getLogger("braid")
 class BraidApp(QuartTrio):
     # No asgi_http_class of its own: braid.http.patches.final_send replaces quart-trio's while a
     # server runs, and BraidApp inherits it.
+    request_class = storage.BraidRequest
 
     @property
     def state(self) -> AppState:
@@ -123,7 +125,12 @@ def _parsers(engine: Engine, settings: Settings) -> Parsers | None:
     return load_parsers(settings.parsers, engine.tokenizer.parser_tokenizer(), engine.info.name)
 
 
-def create_app(engine: Engine, settings: Settings | None = None, metrics: Metrics | None = None) -> BraidApp:
+def create_app(
+    engine: Engine, settings: Settings | None = None, metrics: Metrics | None = None, store: Store | None = None
+) -> BraidApp:
+    """The app on ``engine``. With a ``store`` (``braid serve`` always opens one), ``/v1/files``
+    and ``/v1/batches`` are served too (:mod:`braid.http.storage`); the caller owns the store
+    and closes it after the app has stopped serving."""
     settings = settings or Settings()
     info = engine.info
     app = BraidApp("braid")
@@ -170,6 +177,8 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
 
     for route in POST_ROUTES:
         _serve(app, state, route)
+    if store is not None:
+        storage.install(app, state, store)
 
     @app.get("/v1/models")
     async def models() -> Response:
