@@ -32,6 +32,24 @@ def _line(cid: str, body: dict[str, Any], url: str = "/v1/completions") -> dict[
     return {"custom_id": cid, "method": "POST", "url": url, "body": body}
 
 
+def _wait(client: openai.OpenAI, batch_id: str, *, within: float = 30.0, until: tuple[str, ...] = ()) -> Any:
+    """The job once it has ended (or reached a status of ``until``), polled every 50 ms."""
+    ended = until or ("completed", "failed", "expired", "cancelled")
+    deadline = time.monotonic() + within
+    while True:
+        job = client.batches.retrieve(batch_id)
+        if job.status in ended:
+            return job
+        assert time.monotonic() < deadline, f"the batch is still {job.status} after {within} s: {job}"
+        time.sleep(0.05)
+
+
+def _rows(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    return [json.loads(r) for r in client.files.content(file_id).text.splitlines()]
+
+
 def _serve(storage: Path, *flags: str, log: str) -> Any:
     return run_scripted_braid(
         "--storage-dir", str(storage), "--api-key", KEY_B, *flags, api_key=KEY_A, log=Path(f"/tmp/braid-{log}.log")
@@ -194,11 +212,20 @@ def test_a_batch_with_bad_lines_names_each_in_its_error_file(server: ServerProce
         input_file_id=source.id, endpoint="/v1/completions", completion_window="24h", metadata={"run": "7"}
     )
     assert job.id.startswith("batch_") and job.status == "in_progress" and job.metadata == {"run": "7"}
-    assert job.request_counts is not None
-    assert (job.request_counts.total, job.request_counts.failed, job.request_counts.completed) == (10, 8, 0)
-    assert job.error_file_id is not None and job.output_file_id is None and job.model == server.model
-    assert job.expires_at is not None and job.expires_at - job.created_at == 86_400
-    rows = [json.loads(r) for r in client.files.content(job.error_file_id).text.splitlines()]
+    assert job.request_counts is not None and (job.request_counts.total, job.request_counts.failed) == (10, 8)
+    assert job.model == server.model and job.expires_at is not None and job.expires_at - job.created_at == 86_400
+    job = _wait(client, job.id)
+    assert job.status == "completed" and job.completed_at is not None and job.finalizing_at is not None
+    assert (job.request_counts.total, job.request_counts.failed, job.request_counts.completed) == (10, 8, 2)
+    done = _rows(client, job.output_file_id)
+    assert sorted((r["line"], r["custom_id"], r["response"]["status_code"]) for r in done) == [
+        (1, "ok-1", 200),
+        (11, "ok-2", 200),
+    ]
+    by_id = {r["custom_id"]: r["response"]["body"] for r in done}
+    assert len(by_id["ok-1"]["choices"]) == 2 and by_id["ok-1"]["object"] == "text_completion"
+    assert by_id["ok-2"]["usage"]["completion_tokens"] == 1
+    rows = _rows(client, job.error_file_id)
     by_line = {r["line"]: r for r in rows}
     assert sorted(by_line) == [2, 3, 5, 6, 7, 8, 9, 10]
     assert by_line[2]["response"]["status_code"] == 400 and by_line[2]["custom_id"] == "bad-body"
@@ -216,12 +243,8 @@ def test_a_batch_with_bad_lines_names_each_in_its_error_file(server: ServerProce
         client.files.content(job.error_file_id).content
     )
 
-    assert client.batches.retrieve(job.id).status == "in_progress"
-    cancelled = client.batches.cancel(job.id)
-    assert (
-        cancelled.status == "cancelled" and cancelled.cancelled_at is not None and cancelled.cancelling_at is not None
-    )
-    assert client.batches.cancel(job.id).status == "cancelled"
+    with pytest.raises(openai.ConflictError):
+        client.batches.cancel(job.id)
 
 
 def test_chat_lines_are_checked_as_the_chat_route_checks_them(server: ServerProcess) -> None:
@@ -236,9 +259,12 @@ def test_chat_lines_are_checked_as_the_chat_route_checks_them(server: ServerProc
     source = client.files.create(file=("chat.jsonl", io.BytesIO(data)), purpose="batch")
     job = client.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")
     assert job.status == "in_progress" and job.request_counts is not None and job.request_counts.failed == 2
-    assert job.error_file_id is not None
-    rows = [json.loads(r) for r in client.files.content(job.error_file_id).text.splitlines()]
+    job = _wait(client, job.id)
+    assert job.status == "completed" and job.request_counts.completed == 1
+    rows = _rows(client, job.error_file_id)
     assert [(r["line"], r["response"]["status_code"]) for r in rows] == [(2, 400), (3, 400)]
+    (answer,) = _rows(client, job.output_file_id)
+    assert answer["custom_id"] == "c1" and answer["response"]["body"]["object"] == "chat.completion"
 
 
 def test_a_batch_with_nothing_runnable_fails(server: ServerProcess) -> None:
@@ -248,6 +274,7 @@ def test_a_batch_with_nothing_runnable_fails(server: ServerProcess) -> None:
     assert job.status == "failed" and job.failed_at is not None
     assert job.errors is not None and job.errors.data is not None
     assert [(e.line, e.code) for e in job.errors.data] == [(1, "invalid_json"), (2, "invalid_request")]
+    assert [r["line"] for r in _rows(client, job.error_file_id)] == [1, 2] and job.output_file_id is None
     with pytest.raises(openai.ConflictError):
         client.batches.cancel(job.id)
     empty = client.files.create(file=("empty.jsonl", io.BytesIO(b"\n\n")), purpose="batch")
@@ -312,20 +339,47 @@ def test_batch_pages_follow_after(server: ServerProcess) -> None:
 
 
 def test_expiry_of_jobs_and_files(tmp_path: Path) -> None:
-    with _serve(tmp_path, "--batch-completion-window", "1", "--file-retention", "2", log="store-expiry") as server:
+    flags = ("--batch-completion-window", "2", "--file-retention", "4", "--token-delay", "0.1")
+    with _serve(tmp_path, *flags, "--metrics-public", log="store-expiry") as server:
         client = _client(server)
-        source = client.files.create(
-            file=("in.jsonl", io.BytesIO(_jsonl(_line("a", {"prompt": "p"})))), purpose="batch"
-        )
+        lines = [_line("quick", {"prompt": "p", "max_tokens": 1}), _line("slow", {"prompt": "p", "max_tokens": 100})]
+        source = client.files.create(file=("in.jsonl", io.BytesIO(_jsonl(*lines))), purpose="batch")
         job = client.batches.create(input_file_id=source.id, endpoint="/v1/completions", completion_window="24h")
-        assert job.status == "in_progress" and job.expires_at == job.created_at + 1
-        time.sleep(2.1)
-        expired = client.batches.retrieve(job.id)
-        assert expired.status == "expired" and expired.expired_at is not None
+        assert job.status == "in_progress" and job.expires_at == job.created_at + 2
+        job = _wait(client, job.id, within=5)
+        assert job.status == "expired" and job.expired_at is not None
+        assert [r["custom_id"] for r in _rows(client, job.output_file_id)] == ["quick"]
+        (late,) = _rows(client, job.error_file_id)
+        assert (late["custom_id"], late["error"]["code"]) == ("slow", "batch_expired")
+        server.wait_idle(within=5)  # the slow line's engine request was aborted
+        time.sleep(max(0.0, source.created_at + 4 - time.time()) + 0.1)
         with pytest.raises(openai.NotFoundError):
             client.files.retrieve(source.id)
         client.files.list()  # a sweep: the bytes go too
         assert not (tmp_path / "files" / source.id).exists()
+
+
+def test_cancel_aborts_the_engine_work_and_keeps_what_was_done(tmp_path: Path) -> None:
+    flags = ("--token-delay", "0.05", "--max-in-flight-requests", "4", "--metrics-public")
+    with _serve(tmp_path, *flags, log="store-cancel") as server:
+        client = _client(server)
+        lines = [_line(f"r{i}", {"prompt": "p", "max_tokens": 4 if i < 4 else 40}) for i in range(40)]
+        source = client.files.create(file=("in.jsonl", io.BytesIO(_jsonl(*lines))), purpose="batch")
+        job = client.batches.create(input_file_id=source.id, endpoint="/v1/completions", completion_window="24h")
+        deadline = time.monotonic() + 10
+        while server.unfinished() < 4:  # lines are running in the engine
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.5)
+        cancelling = client.batches.cancel(job.id)
+        assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at is not None
+        job = _wait(client, job.id, within=5)
+        assert job.status == "cancelled" and job.cancelled_at is not None
+        assert server.wait_idle(within=2) < 2
+        done = [r["custom_id"] for r in _rows(client, job.output_file_id)]
+        assert 1 <= len(done) < 40 and len(set(done)) == len(done)
+        assert job.request_counts is not None and job.request_counts.completed == len(done)
+        assert client.batches.cancel(job.id).status == "cancelled"
 
 
 def test_kill_9_and_restart_keep_files_and_jobs(tmp_path: Path) -> None:
@@ -333,7 +387,10 @@ def test_kill_9_and_restart_keep_files_and_jobs(tmp_path: Path) -> None:
     with _serve(tmp_path, log="store-restart") as server:
         client = _client(server)
         source = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
-        job = client.batches.create(input_file_id=source.id, endpoint="/v1/completions", completion_window="24h")
+        job = _wait(
+            client,
+            client.batches.create(input_file_id=source.id, endpoint="/v1/completions", completion_window="24h").id,
+        )
         server.proc.kill()
         server.proc.wait()
     with _serve(tmp_path, log="store-restart") as server:
@@ -341,6 +398,32 @@ def test_kill_9_and_restart_keep_files_and_jobs(tmp_path: Path) -> None:
         assert client.files.retrieve(source.id) == source
         assert client.files.content(source.id).content == data
         assert client.batches.retrieve(job.id) == job
-        assert job.error_file_id is not None and "invalid_json" in client.files.content(job.error_file_id).text
+        assert "invalid_json" in client.files.content(job.error_file_id).text
         with pytest.raises(openai.NotFoundError):
             _client(server, KEY_B).batches.retrieve(job.id)
+
+
+def test_a_job_killed_mid_way_resumes_with_every_line_once(tmp_path: Path) -> None:
+    total = 300
+    flags = ("--token-delay", "0.01", "--max-in-flight-requests", "8")
+    lines = [_line(f"r{i}", {"prompt": f"p{i}", "max_tokens": 8, "seed": i}) for i in range(total)]
+    with _serve(tmp_path, *flags, log="store-resume") as server:
+        client = _client(server)
+        source = client.files.create(file=("in.jsonl", io.BytesIO(_jsonl(*lines))), purpose="batch")
+        job = client.batches.create(input_file_id=source.id, endpoint="/v1/completions", completion_window="24h")
+        deadline = time.monotonic() + 20
+        while (progress := client.batches.retrieve(job.id).request_counts) is None or progress.completed < 40:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        server.proc.kill()
+        server.proc.wait()
+    written = (tmp_path / "jobs" / f"{job.id}.output.jsonl").read_bytes().count(b"\n")
+    assert 40 <= written < total
+    with _serve(tmp_path, *flags, log="store-resume") as server:
+        client = _client(server)
+        job = _wait(client, job.id, within=60)
+        assert job.status == "completed" and job.request_counts.completed == total and job.request_counts.failed == 0
+        rows = _rows(client, job.output_file_id)
+        assert sorted(r["custom_id"] for r in rows) == sorted(f"r{i}" for i in range(total))
+        assert all(r["response"]["status_code"] == 200 for r in rows)
+        assert job.error_file_id is None

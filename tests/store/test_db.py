@@ -96,7 +96,7 @@ async def test_pages_follow_the_cursor_both_ways(tmp_path: Path) -> None:
         assert page == []
 
 
-async def test_sweep_deletes_expired_files_and_expires_jobs(tmp_path: Path) -> None:
+async def test_sweep_deletes_expired_files_and_leaves_jobs_to_the_runner(tmp_path: Path) -> None:
     owner = owner_of("k")
     async with open_store(_options(tmp_path), NOW) as store:
         old = _file(store, owner, expires=NOW + 10, data=b"old")
@@ -111,9 +111,15 @@ async def test_sweep_deletes_expired_files_and_expires_jobs(tmp_path: Path) -> N
         assert await store.sweep(NOW + 10) == 1
         assert not store.path(old.id).exists() and store.path(kept.id).exists()
         assert store.used_bytes == 4
-        expired = await store.get_batch(owner, active.id)
-        assert expired is not None and expired.status == "expired" and expired.times.expired_at == NOW + 10
-        assert (await store.get_batch(owner, done.id)) == done
+        assert await store.get_batch(owner, active.id) == active  # the runner ends a job past its window
+        assert await store.active_batches() == [active]
+        # a change that must not undo a job's end
+        assert not await store.move_batch(attrs.evolve(done, status="cancelling"), unless=("completed",))
+        assert await store.get_batch(owner, done.id) == done
+        assert await store.move_batch(attrs.evolve(active, status="cancelling"), unless=("completed",))
+        await store.set_counts(active.id, 3, 4)
+        moved = await store.load_batch(active.id)
+        assert moved is not None and moved.status == "cancelling" and moved.counts == RequestCounts(0, 3, 4)
 
 
 async def test_open_removes_what_a_crash_left(tmp_path: Path) -> None:

@@ -107,20 +107,96 @@ class Validation:
         return self.total - self.failed
 
 
-def _error_line(out: IO[bytes], line: int, custom_id: str | None, code: str, message: str) -> None:
+@attrs.frozen
+class Runnable:
+    """A line to run: its ``custom_id`` and its body as the client wrote it."""
+
+    number: int
+    custom_id: str
+    body: bytes
+
+
+@attrs.frozen
+class Refused:
+    """A line that cannot run: its error file row (one JSON line) and why."""
+
+    number: int
+    custom_id: str | None
+    row: bytes
+    error: BatchError
+
+
+def error_row(number: int, custom_id: str | None, code: str, message: str) -> bytes:
+    """An error file row for a line that is not a request braid could send to a route."""
     row = {"id": new_id("batch_req_"), "custom_id": custom_id, "response": None,
-           "error": {"code": code, "message": message}, "line": line}  # fmt: skip
-    out.write(_encode(row) + b"\n")
+           "error": {"code": code, "message": message}, "line": number}  # fmt: skip
+    return _encode(row) + b"\n"
 
 
-def _refused_line(out: IO[bytes], line: int, custom_id: str, err: BraidError) -> None:
+def answer_row(number: int, custom_id: str, status: int, body: bytes, request_id: str | None = None) -> bytes:
+    """A result file row: the route's answer (``status``, its JSON ``body``) to a line."""
     rid = new_id("batch_req_")
-    response = {"status_code": err.status, "request_id": rid, "body": err.body()}
-    row = {"id": rid, "custom_id": custom_id, "response": response, "error": None, "line": line}
-    out.write(_encode(row) + b"\n")
+    response = {"status_code": status, "request_id": request_id or rid, "body": msgspec.Raw(body)}
+    row = {"id": rid, "custom_id": custom_id, "response": response, "error": None, "line": number}
+    return _encode(row) + b"\n"
 
 
-def _lines(source: IO[bytes]) -> Iterator[tuple[int, bytes]]:
+@attrs.define
+class LineChecker:
+    """Checks the lines of one file in order (it remembers the ``custom_id``s it has seen)."""
+
+    endpoint: BatchEndpoint
+    check: BodyCheck
+    seen: set[str] = attrs.Factory(set)
+    models: set[str | None] = attrs.Factory(set)
+
+    def __call__(self, number: int, raw: bytes) -> Runnable | Refused:
+        try:
+            line = _LINE.decode(raw)
+        except msgspec.ValidationError as exc:
+            return self._refused(number, None, "invalid_request", str(exc))
+        except msgspec.DecodeError as exc:
+            return self._refused(number, None, "invalid_json", f"The line is not valid JSON: {exc}")
+        cid = line.custom_id
+        if not cid or len(cid) > MAX_CUSTOM_ID_CHARS:
+            return self._refused(
+                number,
+                cid or None,
+                "invalid_custom_id",
+                f"custom_id must have 1 to {MAX_CUSTOM_ID_CHARS} characters.",
+                "custom_id",
+            )
+        if cid in self.seen:
+            return self._refused(
+                number, cid, "duplicate_custom_id", f"The custom_id {cid!r} is used by an earlier line.", "custom_id"
+            )
+        if line.method != "POST":
+            return self._refused(
+                number, cid, "invalid_method", f"method must be 'POST', not {line.method!r}.", "method"
+            )
+        if line.url != self.endpoint:
+            return self._refused(
+                number,
+                cid,
+                "invalid_url",
+                f"url must be the batch's endpoint {self.endpoint!r}, not {line.url!r}.",
+                "url",
+            )
+        self.seen.add(cid)
+        body = bytes(line.body)
+        try:
+            self.models.add(self.check(body))
+        except BraidError as err:
+            row = answer_row(number, cid, err.status, msgspec.json.encode(err.body()))
+            return Refused(number, cid, row, BatchError("invalid_request", err.message, number, err.param))
+        return Runnable(number, cid, body)
+
+    def _refused(self, number: int, cid: str | None, code: str, message: str, param: str | None = None) -> Refused:
+        return Refused(number, cid, error_row(number, cid, code, message), BatchError(code, message, number, param))
+
+
+def numbered_lines(source: IO[bytes]) -> Iterator[tuple[int, bytes]]:
+    """The file's lines that are not blank, with their line numbers (from 1)."""
     for number, raw in enumerate(source, start=1):
         if raw.strip():
             yield number, raw
@@ -130,66 +206,44 @@ def validate_file(
     source: Path, errors_to: Path, endpoint: BatchEndpoint, check: BodyCheck, *, max_lines: int
 ) -> Validation:
     """Validate every line of ``source``, writing the bad ones to ``errors_to`` (see the module)."""
-    seen: set[str] = set()
-    models: set[str | None] = set()
+    checker = LineChecker(endpoint, check)
     total = failed = 0
     first: list[BatchError] = []
-
-    def fail(line: int, code: str, message: str, param: str | None = None) -> None:
-        nonlocal failed
-        failed += 1
-        if len(first) < MAX_JOB_ERRORS:
-            first.append(BatchError(code=code, message=message, line=line, param=param))
-
     with open(source, "rb") as src, open(errors_to, "wb") as out:
-        for number, raw in _lines(src):
+        for number, raw in numbered_lines(src):
             total += 1
             if total > max_lines:
-                return Validation(total, total, 0, (BatchError(
+                out.truncate(0)
+                too_many = BatchError(
                     "too_many_lines", f"The file has more than {max_lines} requests (braid serve --batch-max-lines)."
-                ),), None)  # fmt: skip
-            try:
-                line = _LINE.decode(raw)
-            except msgspec.ValidationError as exc:
-                _error_line(out, number, None, "invalid_request", str(exc))
-                fail(number, "invalid_request", str(exc))
-                continue
-            except msgspec.DecodeError as exc:
-                message = f"The line is not valid JSON: {exc}"
-                _error_line(out, number, None, "invalid_json", message)
-                fail(number, "invalid_json", message)
-                continue
-            cid = line.custom_id
-            problem: tuple[str, str, str] | None = None
-            if not cid or len(cid) > MAX_CUSTOM_ID_CHARS:
-                problem = (
-                    "invalid_custom_id",
-                    f"custom_id must have 1 to {MAX_CUSTOM_ID_CHARS} characters.",
-                    "custom_id",
                 )
-            elif cid in seen:
-                problem = ("duplicate_custom_id", f"The custom_id {cid!r} is used by an earlier line.", "custom_id")
-            elif line.method != "POST":
-                problem = ("invalid_method", f"method must be 'POST', not {line.method!r}.", "method")
-            elif line.url != endpoint:
-                problem = ("invalid_url", f"url must be the batch's endpoint {endpoint!r}, not {line.url!r}.", "url")
-            if problem is not None:
-                _error_line(out, number, cid or None, problem[0], problem[1])
-                fail(number, problem[0], problem[1], problem[2])
-                continue
-            seen.add(cid)
-            try:
-                models.add(check(bytes(line.body)))
-            except BraidError as err:
-                _refused_line(out, number, cid, err)
-                fail(number, "invalid_request", err.message, err.param)
+                return Validation(total, total, 0, (too_many,), None)
+            found = checker(number, raw)
+            if isinstance(found, Refused):
+                failed += 1
+                out.write(found.row)
+                if len(first) < MAX_JOB_ERRORS:
+                    first.append(found.error)
     errors: tuple[BatchError, ...] = ()
     if total == 0:
         errors = (BatchError("empty_file", "The input file has no requests."),)
     elif failed == total:
         errors = tuple(first)
+    models = checker.models
     model = next(iter(models)) if len(models) == 1 else None
     return Validation(total, failed, errors_to.stat().st_size, errors, model)
 
 
-__all__ = ["MAX_JOB_ERRORS", "BodyCheck", "Validation", "body_check", "validate_file"]
+__all__ = [
+    "MAX_JOB_ERRORS",
+    "BodyCheck",
+    "LineChecker",
+    "Refused",
+    "Runnable",
+    "Validation",
+    "answer_row",
+    "body_check",
+    "error_row",
+    "numbered_lines",
+    "validate_file",
+]

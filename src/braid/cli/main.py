@@ -89,10 +89,16 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             freeze_startup_heap()
             set_switch_interval(engine_options.switch_interval, two_threads=runs_asyncllm(engine))
 
-            async def announce(task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-                await serve_http(app, cfg, task_status=task_status)
-
             async with trio.open_nursery() as nursery:
+
+                async def announce(task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+                    await serve_http(app, cfg, task_status=task_status)
+                    # drained: the batch runner's lines are over (ended by the drain), so is it
+                    nursery.cancel_scope.cancel()
+
+                runner = app.batches
+                if runner is not None:
+                    await nursery.start(runner.run)
                 urls = await nursery.start(announce)
                 serving = True
                 log.info("braid serving %s on %s", engine.info.name, ", ".join(urls))

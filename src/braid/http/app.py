@@ -23,6 +23,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 import braid
+from braid.batch.runner import BatchRunner
 from braid.engine.base import Engine
 from braid.errors import BraidError, error_payload
 from braid.http import access_log, auth, cors, counting, forwarded, limits, storage
@@ -51,6 +52,11 @@ class BraidApp(QuartTrio):
     @property
     def state(self) -> AppState:
         return self.extensions["braid"]
+
+    @property
+    def batches(self) -> BatchRunner | None:
+        """The batch runner when the app has a store: the server runs it (:meth:`BatchRunner.run`)."""
+        return self.extensions.get("braid.batches")
 
 
 POST_ROUTES: tuple[Route, ...] = (*completions.ROUTES, *chat.ROUTES, *tokenize.ROUTES)
@@ -178,7 +184,9 @@ def create_app(
     for route in POST_ROUTES:
         _serve(app, state, route)
     if store is not None:
-        storage.install(app, state, store)
+        runner = BatchRunner(state, store)
+        app.extensions["braid.batches"] = runner
+        storage.install(app, state, store, runner)
 
     @app.get("/v1/models")
     async def models() -> Response:

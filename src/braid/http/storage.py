@@ -22,6 +22,7 @@ from quart_trio.wrappers.request import TrioRequest
 from braid.http import limits
 from braid.http.auth import OWNER
 from braid.routes import batches, files
+from braid.routes.batches import Jobs
 from braid.routes.common import AppState, JsonResponse, require_json
 from braid.store.db import Store
 from braid.store.records import ANONYMOUS
@@ -60,8 +61,9 @@ async def _chunks() -> AsyncGenerator[bytes, None]:
         yield chunk
 
 
-def install(app: Any, state: AppState, store: Store) -> None:
-    """Serve the store's routes on ``app``, with ``state``'s engine, settings and clock."""
+def install(app: Any, state: AppState, store: Store, jobs: Jobs) -> None:
+    """Serve the store's routes on ``app``, with ``state``'s engine, settings and clock; ``jobs``
+    runs the batches."""
     settings = state.settings
 
     def now() -> int:
@@ -120,6 +122,7 @@ def install(app: Any, state: AppState, store: Store) -> None:
             engine=state.engine,
             settings=settings,
             limits=state.limits,
+            jobs=jobs,
             now=now(),
         )
         return _answer(result)
@@ -134,7 +137,7 @@ def install(app: Any, state: AppState, store: Store) -> None:
 
     @app.post("/v1/batches/<batch_id>/cancel")
     async def cancel_batch(batch_id: str) -> Response:
-        return _answer(await batches.cancel(store, _owner(), batch_id, now=now()))
+        return _answer(await batches.cancel(store, _owner(), batch_id, jobs=jobs, now=now()))
 
 
 __all__ = ["PATHS", "BraidRequest", "install"]

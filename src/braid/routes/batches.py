@@ -7,22 +7,20 @@ an answer, or a :class:`~braid.errors.BraidError`. Another owner's job is a 404.
 ``/v1/chat/completions``, ``completion_window`` ``24h``, the input file the caller's and of
 purpose ``batch``, ``metadata`` within OpenAI's limits), then validates every line of the input
 file (:mod:`braid.batch.validate`, on a worker thread) before it answers: the job it returns
-is ``in_progress`` with its bad lines already in its error file and counted as failed, or
-``failed`` when no line can run. Its window ends ``--batch-completion-window`` seconds after
-creation (the client's "24h"); a job still active then is ``expired``
-(:meth:`braid.store.db.Store.sweep`, run before each of these views).
+is ``in_progress``, its bad lines already counted as failed (their rows go to its error file),
+and handed to the runner (:class:`Jobs`); or ``failed``, with its error file, when no line can
+run. Its window ends ``--batch-completion-window`` seconds after creation (the client's "24h").
 
-**Not yet:** nothing runs an ``in_progress`` job's lines (the runner, issue 30 §3), so a job
-stays ``in_progress`` until it is cancelled or expires. Cancelling an active job ends it at
-once (``cancelled``, with ``cancelling_at`` and ``cancelled_at`` the same second), as no engine
-work of it exists; a finished job cannot be cancelled (409).
+**Cancel** hands an active job to the runner, which aborts its lines' engine work and ends it
+``cancelled`` with what was done (it answers ``cancelling`` meanwhile); a cancelled or
+cancelling job is answered as it is; a finished one is a 409.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Protocol
 
-import attrs
 import msgspec
 import trio
 
@@ -33,13 +31,26 @@ from braid.routes.common import JsonResponse
 from braid.routes.files import page_limit
 from braid.settings import Settings
 from braid.store.db import Store
-from braid.store.records import BatchEndpoint, BatchRecord, BatchTimes, FileRecord, RequestCounts, new_id
+from braid.store.records import BatchEndpoint, BatchRecord, BatchTimes, RequestCounts, new_id
 from braid.wire import files as wire
 from braid.wire.fields import Limits
 
 ENDPOINTS: tuple[BatchEndpoint, ...] = ("/v1/completions", "/v1/chat/completions")
 WINDOW = "24h"
 DEFAULT_PAGE, MAX_PAGE = 20, 100
+
+
+class Jobs(Protocol):
+    """What runs the jobs (:class:`braid.batch.runner.BatchRunner`)."""
+
+    def submit(self, record: BatchRecord) -> None:
+        """Run a new job (stored already)."""
+
+    async def fail(self, record: BatchRecord) -> BatchRecord:
+        """Store a new job that cannot run, ended ``failed`` with its error file; the stored record."""
+
+    async def cancel(self, record: BatchRecord) -> BatchRecord:
+        """Cancel an active job; the job as stored now (``cancelling`` or ``cancelled``)."""
 
 
 def _json(value: object) -> JsonResponse:
@@ -58,6 +69,7 @@ async def create(
     engine: Engine,
     settings: Settings,
     limits: Limits,
+    jobs: Jobs,
     now: int,
 ) -> JsonResponse:
     """``POST /v1/batches`` (see the module's contract)."""
@@ -77,31 +89,17 @@ async def create(
     if source.purpose != "batch":
         raise InvalidRequest("The input file's purpose must be 'batch'.", param="input_file_id")
     batch_id = new_id("batch_")
-    error_id = new_id("file-")
-    temp = store.temp_path(error_id)
+    work = store.work_path(batch_id, "error")
     check = body_check(endpoint, engine, settings, limits)
     options = store.options
     try:
         found = await trio.to_thread.run_sync(
-            lambda: validate_file(store.path(source.id), temp, endpoint, check, max_lines=options.max_batch_lines)
+            lambda: validate_file(store.path(source.id), work, endpoint, check, max_lines=options.max_batch_lines)
         )
-        error_file_id = None
-        if found.error_bytes:
-            await store.add_file(
-                FileRecord(
-                    id=error_id,
-                    owner=owner,
-                    filename=f"{batch_id}_error.jsonl",
-                    purpose="batch_output",
-                    bytes=found.error_bytes,
-                    created_at=now,
-                    expires_at=now + options.file_retention,
-                )
-            )
-            error_file_id = error_id
-    finally:
+    except BaseException:
         with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(lambda: temp.unlink(missing_ok=True))
+            await trio.to_thread.run_sync(lambda: work.unlink(missing_ok=True))
+        raise
     failed = bool(found.errors)
     record = BatchRecord(
         id=batch_id,
@@ -109,17 +107,21 @@ async def create(
         endpoint=endpoint,
         input_file_id=source.id,
         completion_window=WINDOW,
-        status="failed" if failed else "in_progress",
+        # A job that cannot run is ended by the runner as any job is: its rows become its error file.
+        status="in_progress",
         created_at=now,
         expires_at=now + options.batch_window,
         counts=RequestCounts(total=found.total, completed=0, failed=found.failed),
         metadata=tuple((req.metadata or {}).items()),
         errors=found.errors,
-        times=BatchTimes(failed_at=now) if failed else BatchTimes(in_progress_at=now),
-        error_file_id=error_file_id,
+        times=BatchTimes(in_progress_at=now),
         model=found.model or engine.info.name,
     )
-    await store.add_batch(record)
+    if failed:
+        record = await jobs.fail(record)
+    else:
+        await store.add_batch(record)
+        jobs.submit(record)
     return _json(wire.batch_object(record))
 
 
@@ -140,7 +142,7 @@ async def list_batches(store: Store, owner: str, args: Mapping[str, str], *, now
     return _json(wire.batch_list(batches, more))
 
 
-async def cancel(store: Store, owner: str, batch_id: str, *, now: int) -> JsonResponse:
+async def cancel(store: Store, owner: str, batch_id: str, *, jobs: Jobs, now: int) -> JsonResponse:
     """``POST /v1/batches/{id}/cancel``: an active job is cancelled; a cancelled or cancelling
     one is answered as it is; a completed, failed or expired one is a 409."""
     await store.sweep(now)
@@ -151,10 +153,7 @@ async def cancel(store: Store, owner: str, batch_id: str, *, now: int) -> JsonRe
         return _json(wire.batch_object(record))
     if record.status in ("completed", "failed", "expired"):
         raise Conflict(f"The batch is {record.status}: it cannot be cancelled.", param="batch_id")
-    times = attrs.evolve(record.times, cancelling_at=now, cancelled_at=now)
-    record = attrs.evolve(record, status="cancelled", times=times)
-    await store.put_batch(record)
-    return _json(wire.batch_object(record))
+    return _json(wire.batch_object(await jobs.cancel(record)))
 
 
 __all__ = ["ENDPOINTS", "cancel", "create", "list_batches", "retrieve"]

@@ -203,6 +203,7 @@ async def list_files(store: Store, owner: str, args: Mapping[str, str], *, now: 
     if order not in ("asc", "desc"):
         raise InvalidRequest("order must be 'asc' or 'desc'.", param="order")
     limit = page_limit(args, MAX_FILE_LIST, MAX_FILE_LIST)
+    await store.sweep(now)
     files, more = await store.list_files(
         owner, now, purpose=args.get("purpose"), after=args.get("after"), limit=limit, newest_first=order == "desc"
     )

@@ -7,6 +7,7 @@ its own. Layout of the storage directory::
     store.db, store.db-wal, store.db-shm   SQLite in WAL mode: files, batches
     files/<id>                             a file's bytes, named by its (random) id
     tmp/                                   uploads still arriving (emptied at open)
+    jobs/<batch id>.{output,error}.jsonl   a running job's results, appended as they come
 
 **Threads.** The connection is used by one worker thread at a time: every call goes through
 ``trio.to_thread.run_sync`` under the store's own limiter of 1, so SQL never runs on the event
@@ -19,10 +20,10 @@ is refused at open (:class:`StoreError`), never guessed at.
 
 **Consistency.** A file's bytes are written under ``tmp/``, moved into ``files/`` and only then
 its row inserted; deleting removes the row first, then the bytes. A crash between the two steps
-leaves bytes without a row, which :meth:`Store.sweep` (at open) deletes. Expired files and
-batches are deleted, and jobs past their window marked ``expired``, by :meth:`Store.sweep`:
-at open, and before each upload and each new job (no background task); reads never return an
-expired file.
+leaves bytes without a row, which the store deletes at open. Expired files are deleted by
+:meth:`Store.sweep`: at open, and before each upload, list and new job (no background task of
+its own); reads never return an expired file. Jobs are never deleted (their rows are small);
+their files expire as every file does.
 """
 
 from __future__ import annotations
@@ -191,6 +192,7 @@ class Store:
         self._limiter = trio.CapacityLimiter(1)
         self._files = root / "files"
         self._tmp = root / "tmp"
+        self._jobs = root / "jobs"
         self._reserved = 0
         """Bytes of uploads still arriving, counted against the total-space cap."""
         self._used = 0
@@ -318,6 +320,55 @@ class Store:
         )
         return None if row is None else _batch(row)
 
+    async def load_batch(self, batch_id: str) -> BatchRecord | None:
+        """A job whoever owns it (the runner's view)."""
+        row = await self._call(
+            lambda: self._conn.execute(f"SELECT {_BATCH_COLUMNS} FROM batches WHERE id = ?", (batch_id,)).fetchone()
+        )
+        return None if row is None else _batch(row)
+
+    async def active_batches(self) -> list[BatchRecord]:
+        """Every owner's jobs that have work or their end still to come, oldest first."""
+        marks = ", ".join("?" * len(ACTIVE_STATUSES))
+        rows = await self._call(
+            lambda: self._conn.execute(
+                f"SELECT {_BATCH_COLUMNS} FROM batches WHERE status IN ({marks}) ORDER BY seq", ACTIVE_STATUSES
+            ).fetchall()
+        )
+        return [_batch(r) for r in rows]
+
+    async def set_counts(self, batch_id: str, completed: int, failed: int) -> None:
+        """A job's progress, and nothing else of its row."""
+        await self._call(
+            lambda: self._conn.execute(
+                "UPDATE batches SET completed = ?, failed = ? WHERE id = ?", (completed, failed, batch_id)
+            )
+        )
+
+    async def move_batch(self, record: BatchRecord, *, unless: tuple[str, ...]) -> bool:
+        """Replace a job's row with ``record`` unless its status now is one of ``unless`` (then
+        nothing changes, and False): a change that must not undo one made meanwhile."""
+        row = _batch_row(record)
+        sets = ", ".join(f"{c.strip()} = ?" for c in _BATCH_COLUMNS.split(","))
+        marks = ", ".join("?" * len(unless))
+
+        def move() -> bool:
+            cur = self._conn.execute(
+                f"UPDATE batches SET {sets} WHERE id = ? AND status NOT IN ({marks})", (*row, record.id, *unless)
+            )
+            return cur.rowcount == 1
+
+        return await self._call(move)
+
+    def work_path(self, batch_id: str, kind: str) -> Path:
+        """A running job's output (``kind`` "output") or error ("error") lines, appended as they
+        come; they become the job's files when it ends (:mod:`braid.batch.runner`)."""
+        return self._jobs / f"{batch_id}.{kind}.jsonl"
+
+    async def file_exists(self, file_id: str) -> bool:
+        row = await self._call(lambda: self._conn.execute("SELECT 1 FROM files WHERE id = ?", (file_id,)).fetchone())
+        return row is not None
+
     async def list_batches(self, owner: str, *, after: str | None, limit: int) -> tuple[list[BatchRecord], bool]:
         """One page of the owner's jobs, newest first, and whether more follow (``after`` as for files)."""
 
@@ -337,26 +388,14 @@ class Store:
     # --- retention ----------------------------------------------------------------------------
 
     async def sweep(self, now: int) -> int:
-        """Delete expired files (rows, then bytes) and mark the active jobs past their window
-        ``expired``; return how many files went."""
+        """Delete expired files (rows, then bytes); return how many went. (A job past its window
+        is the runner's to end: :mod:`braid.batch.runner`.)"""
 
         def sweep() -> int:
             rows = self._conn.execute(
                 "DELETE FROM files WHERE expires_at IS NOT NULL AND expires_at <= ? RETURNING id, bytes", (now,)
             ).fetchall()
             self._unlink(rows)
-            marks = ", ".join("?" * len(ACTIVE_STATUSES))
-            expired = self._conn.execute(
-                f"SELECT {_BATCH_COLUMNS} FROM batches WHERE expires_at <= ? AND status IN ({marks})",
-                (now, *ACTIVE_STATUSES),
-            ).fetchall()
-            for row in expired:
-                b = _batch(row)
-                times = attrs.evolve(b.times, expired_at=now)
-                self._conn.execute(
-                    "UPDATE batches SET status = 'expired', times = ? WHERE id = ?",
-                    (json.dumps(attrs.asdict(times)), b.id),
-                )
             return len(rows)
 
         return await self._call(sweep)
@@ -385,7 +424,7 @@ async def open_store(options: StoreOptions, now: int) -> AsyncIterator[Store]:
 
     def prepare() -> Store:
         try:
-            for d in (root, root / "files", root / "tmp"):
+            for d in (root, root / "files", root / "tmp", root / "jobs"):
                 d.mkdir(parents=True, exist_ok=True, mode=0o700)
             conn = _connect(root / "store.db")
         except (OSError, sqlite3.Error) as exc:
