@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -65,3 +66,9 @@ def lora_server(lora_adapter: Path) -> Iterator[ServerProcess]:
     flags = (*LORA_FLAGS, "--allow-runtime-lora-updating", "--lora-modules", f"{LORA_ADAPTER}={lora_adapter}")
     with run_braid(*flags, seed=0, log=log) as server:
         yield server
+
+
+# Every `braid serve` a test starts (they inherit the environment) keeps its store in a directory
+# of this session's, never in the user's data directory.
+_STORE_DIR = tempfile.mkdtemp(prefix="braid-test-store-")
+os.environ.setdefault("BRAID_STORAGE_DIR", _STORE_DIR)

@@ -8,7 +8,9 @@
     │   ├── InvalidUserInput    (400 InvalidUserInput)  a LoRA load or unload vLLM refuses
     │   └── EngineRejected      (400 BadRequestError)   the engine refused it after the 200
     ├── Unauthorized            (401 Unauthorized)      no valid API key (braid.http.auth)
-    ├── ModelNotFound           (404 NotFoundError)
+    ├── NotFound                (404 NotFoundError)     no such file or job (for this key)
+    │   └── ModelNotFound       (404 NotFoundError)
+    ├── Conflict                (409 ConflictError)     a job's state forbids the change
     ├── EngineError             (500 InternalServerError) generation failed mid-way
     ├── EngineUnavailable       (503 ServiceUnavailableError) the engine is dead or draining
     │   └── DrainTimeout        (503 ServiceUnavailableError) the drain's time ran out mid-request
@@ -16,6 +18,7 @@
     ├── StreamStalled           (408 RequestTimeout)    the client stopped reading
     ├── DeadlineExceeded        (408 RequestTimeout)    --request-timeout passed
     ├── BodyTooLarge            (413 "Request Entity Too Large") the body is over the limit
+    │   └── StorageFull         (413 "Request Entity Too Large") an upload would pass the store's cap
     └── BodyTimeout             (408 "Request Timeout")  the body did not arrive in time
 
 An error with ``retry_after`` set is answered with that ``Retry-After`` header (seconds).
@@ -92,9 +95,22 @@ class Unauthorized(BraidError):
     type = "Unauthorized"
 
 
-class ModelNotFound(BraidError):
+class NotFound(BraidError):
+    """No such object, or not this API key's (the two are not told apart)."""
+
     status = 404
     type = "NotFoundError"
+
+
+class ModelNotFound(NotFound):
+    pass
+
+
+class Conflict(BraidError):
+    """The object's state forbids the change (e.g. cancelling a finished batch)."""
+
+    status = 409
+    type = "ConflictError"
 
 
 class EngineError(BraidError):
@@ -137,6 +153,10 @@ class BodyTooLarge(BraidError):
 
     status = 413
     type = "Request Entity Too Large"
+
+
+class StorageFull(BodyTooLarge):
+    """An upload would take the store past its total-space cap (``--max-storage-bytes``)."""
 
 
 class BodyTimeout(BraidError):

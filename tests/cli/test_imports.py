@@ -75,16 +75,17 @@ def test_no_import_cycle_in_braid() -> None:
 
 LAYERS = (
     ("braid", "braid.errors", "braid.settings", "braid.logs", "braid.metrics", "braid.addresses"),
+    ("braid.store",),
     ("braid.engine", "braid.models"),
     ("braid.wire",),
     ("braid.stream",),
-    ("braid.routes",),
+    ("braid.routes", "braid.batch"),
     ("braid.http",),
     ("braid.cli", "braid.__main__"),
 )
-"""src/braid's layers, lowest first: the root modules, the engines (and the model they are tested
-on), the OpenAI wire format, the route-independent stream machinery, the routes, the HTTP edge,
-the entry points. A module imports only from its own layer and the layers below."""
+"""src/braid's layers, lowest first: the root modules, the store, the engines (and the model they
+are tested on), the OpenAI wire format, the route-independent stream machinery, the routes and
+the batch jobs that run through them, the HTTP edge, the entry points. A module imports only from its own layer and the layers below."""
 
 
 def _layer(module: str) -> int:

@@ -10,15 +10,16 @@ import attrs
 import pytest
 
 from braid.cli.argtypes import json_object, lora_module
-from braid.cli.config import engine_options_from, server_config_from, settings_from
+from braid.cli.config import engine_options_from, server_config_from, settings_from, store_options_from
 from braid.cli.engines import TINY_MODEL_ENGINE_ARGS, EngineOptions
 from braid.cli.environ import env_name
 from braid.cli.fields import add_field_option, field_default
 from braid.cli.parser import build_parser
 from braid.http.server import ServerConfig
 from braid.settings import ParserOptions, ServingOptions, Settings
+from braid.store.options import StoreOptions, default_storage_dir
 
-OWNERS: tuple[type[Any], ...] = (Settings, ServerConfig, EngineOptions, ParserOptions, ServingOptions)
+OWNERS: tuple[type[Any], ...] = (Settings, ServerConfig, EngineOptions, ParserOptions, ServingOptions, StoreOptions)
 
 EXPOSED = {
     Settings: {
@@ -55,6 +56,7 @@ EXPOSED = {
     EngineOptions: {field.name for field in attrs.fields(EngineOptions)},
     ParserOptions: {field.name for field in attrs.fields(ParserOptions)},
     ServingOptions: {field.name for field in attrs.fields(ServingOptions)},
+    StoreOptions: {field.name for field in attrs.fields(StoreOptions)},
 }
 """The fields with an option of their own, stored under the field's name. Settings.api_keys is
 made from three sources (braid.cli.config.api_keys), ServerConfig.fast_send from --stock-send."""
@@ -138,6 +140,12 @@ GIVEN: list[tuple[list[str], type[Any], str, Any]] = [
     (["--enable-force-include-usage"], ServingOptions, "force_include_usage", True),
     (["--return-tokens-as-token-ids"], ServingOptions, "return_tokens_as_token_ids", True),
     (["--enable-request-id-headers"], ServingOptions, "request_id_headers", True),
+    (["--storage-dir", "/srv/braid"], StoreOptions, "storage_dir", "/srv/braid"),
+    (["--max-file-bytes", "1000"], StoreOptions, "max_file_bytes", 1000),
+    (["--max-storage-bytes", "5000"], StoreOptions, "max_storage_bytes", 5000),
+    (["--file-retention", "7200"], StoreOptions, "file_retention", 7200),
+    (["--batch-completion-window", "60"], StoreOptions, "batch_window", 60),
+    (["--batch-max-lines", "10"], StoreOptions, "max_batch_lines", 10),
 ]
 
 
@@ -155,7 +163,8 @@ def test_each_option_s_default_is_its_class_s() -> None:
         exposed = {a.dest: a for a in options if a.dest in fields}
         assert set(exposed) == EXPOSED[owner], owner
         for name, action in exposed.items():
-            if (owner, name) == (ServerConfig, "write_timeout"):
+            if (owner, name) in ((ServerConfig, "write_timeout"), (StoreOptions, "storage_dir")):
+                # the stall timeout given; the user's data directory (braid.cli.config)
                 assert action.default is None
                 continue
             default = tuple(action.default) if isinstance(action.default, list) else action.default
@@ -167,6 +176,7 @@ def test_with_no_flags_each_class_is_its_default() -> None:
     assert settings_from(args, {}) == Settings()
     assert server_config_from(args) == ServerConfig()
     assert engine_options_from(args) == EngineOptions()
+    assert store_options_from(args) == StoreOptions(storage_dir=default_storage_dir())
 
 
 def test_every_option_reaches_its_field() -> None:
@@ -176,6 +186,7 @@ def test_every_option_reaches_its_field() -> None:
         Settings: settings_from(args, {}),
         ServerConfig: server_config_from(args),
         EngineOptions: engine_options_from(args),
+        StoreOptions: store_options_from(args),
     }
     built[ParserOptions] = built[Settings].parsers
     built[ServingOptions] = built[Settings].serving

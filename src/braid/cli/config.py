@@ -16,6 +16,7 @@ from braid.cli.engines import EngineOptions
 from braid.cli.environ import API_KEY_ENV, RUNTIME_LORA_ENV
 from braid.cli.fields import from_args
 from braid.settings import ParserOptions, ServingOptions, Settings
+from braid.store.options import StoreOptions, default_storage_dir
 
 if TYPE_CHECKING:
     from braid.http.server import ServerConfig
@@ -65,9 +66,14 @@ def server_config_from(args: argparse.Namespace) -> ServerConfig:
     )
 
 
+def store_options_from(args: argparse.Namespace) -> StoreOptions:
+    """The store's options from ``braid serve``'s flags (the directory's default is the user's data directory)."""
+    return from_args(StoreOptions, args, storage_dir=args.storage_dir or default_storage_dir())
+
+
 def engine_options_from(args: argparse.Namespace) -> EngineOptions:
     """The engine's options from ``braid serve``'s flags (the reserve is admission's)."""
     return from_args(EngineOptions, args)
 
 
-__all__ = ["api_keys", "engine_options_from", "server_config_from", "settings_from"]
+__all__ = ["api_keys", "engine_options_from", "server_config_from", "settings_from", "store_options_from"]

@@ -14,12 +14,13 @@ import argparse
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 
 import attrs
 import trio
 
-from braid.cli.config import engine_options_from, server_config_from, settings_from
+from braid.cli.config import engine_options_from, server_config_from, settings_from, store_options_from
 from braid.cli.engines import freeze_startup_heap, open_engine, runs_asyncllm, set_switch_interval
 from braid.cli.parser import build_parser
 from braid.cli.startup import StartupError, check_model_path, check_parsers, check_port_free, one_line
@@ -61,6 +62,7 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             reasoning = ("reasoning_parser", settings.parsers.reasoning_parser)
             engine_options = attrs.evolve(engine_options, engine_args=(reasoning, *engine_options.engine_args))
         cfg = server_config_from(args)
+        store_options = store_options_from(args)
     except ValueError as exc:
         parser.error(str(exc))
     configure_logs(args.log_format)
@@ -79,15 +81,24 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     async def run() -> None:
         nonlocal serving
-        async with open_engine(engine_options) as engine:
-            app = create_app(engine, settings)
+        from braid.store.db import open_store
+
+        # The store first: a storage directory braid cannot use fails before the engine's slow start.
+        async with open_store(store_options, int(time.time())) as store, open_engine(engine_options) as engine:
+            app = create_app(engine, settings, store=store)
             freeze_startup_heap()
             set_switch_interval(engine_options.switch_interval, two_threads=runs_asyncllm(engine))
 
-            async def announce(task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-                await serve_http(app, cfg, task_status=task_status)
-
             async with trio.open_nursery() as nursery:
+
+                async def announce(task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+                    await serve_http(app, cfg, task_status=task_status)
+                    # drained: the batch runner's lines are over (ended by the drain), so is it
+                    nursery.cancel_scope.cancel()
+
+                runner = app.batches
+                if runner is not None:
+                    await nursery.start(runner.run)
                 urls = await nursery.start(announce)
                 serving = True
                 log.info("braid serving %s on %s", engine.info.name, ", ".join(urls))

@@ -19,6 +19,7 @@ from braid.cli.environ import API_KEY_ENV, apply_env_defaults
 from braid.cli.fields import add_field_option, field_default
 from braid.logs import LOG_FORMATS
 from braid.settings import ParserOptions, ServingOptions, Settings
+from braid.store.options import StoreOptions
 
 
 def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
@@ -326,6 +327,7 @@ def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser], env
         metavar="SECONDS",
         help="abort a request this long after it arrived, queue wait included",
     )
+    add_storage_options(s)
     apply_env_defaults(s, env)
 
 
@@ -364,6 +366,61 @@ def add_serving_options(parser: argparse.ArgumentParser) -> None:
         "--enable-request-id-headers",
         action="store_true",
         help="every response carries X-Request-Id: the client's, else the response's id, else a new one",
+    )
+
+
+def add_storage_options(parser: argparse.ArgumentParser) -> None:
+    """Where braid keeps files and batch jobs, and the bounds on them (docs/batch.md)."""
+    d = parser.add_argument_group("storage: /v1/files and /v1/batches (docs/batch.md)")
+    d.add_argument(
+        "--storage-dir",
+        default=None,
+        metavar="PATH",
+        help="braid's store: its SQLite database and the files' bytes (default: $XDG_DATA_HOME/braid, "
+        "else ~/.local/share/braid)",
+    )
+    add_field_option(
+        d,
+        StoreOptions,
+        "max_file_bytes",
+        "--max-file-bytes",
+        type=positive_int,
+        help="413 for an uploaded file larger than this, refused while it arrives",
+    )
+    add_field_option(
+        d,
+        StoreOptions,
+        "max_storage_bytes",
+        "--max-storage-bytes",
+        type=positive_int,
+        help="all stored files together (every key's); 413 for an upload that would pass it",
+    )
+    add_field_option(
+        d,
+        StoreOptions,
+        "file_retention",
+        "--file-retention",
+        type=positive_int,
+        metavar="SECONDS",
+        help="files (uploads, outputs) are deleted this long after they were made",
+    )
+    add_field_option(
+        d,
+        StoreOptions,
+        "batch_window",
+        "--batch-completion-window",
+        type=positive_int,
+        metavar="SECONDS",
+        help='what a batch\'s completion_window "24h" lasts; shorter to test expiry',
+    )
+    add_field_option(
+        d,
+        StoreOptions,
+        "max_batch_lines",
+        "--batch-max-lines",
+        type=positive_int,
+        metavar="N",
+        help="requests one batch's input file may hold",
     )
 
 
@@ -476,4 +533,4 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-__all__ = ["add_engine_options", "add_serve", "add_serving_options", "build_parser"]
+__all__ = ["add_engine_options", "add_serve", "add_serving_options", "add_storage_options", "build_parser"]

@@ -23,16 +23,18 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 import braid
+from braid.batch.runner import BatchRunner
 from braid.engine.adapters import AdapterRegistry
 from braid.engine.base import Engine, LoraLoader
 from braid.errors import BraidError, error_payload
-from braid.http import access_log, auth, cors, counting, forwarded, limits, orca, request_id
+from braid.http import access_log, auth, cors, counting, forwarded, limits, orca, request_id, storage
 from braid.http import load as load_tracking
 from braid.http.auth import BACKGROUND
 from braid.metrics import EngineFamilies, Metrics
 from braid.routes import chat, completions, invocations, load, lora, tokenize, tokenizer_info
 from braid.routes.common import AppState, JsonResponse, Route, ViewResult, error_headers
 from braid.settings import Settings
+from braid.store.db import Store
 from braid.wire import openapi
 from braid.wire import shapes as responses
 from braid.wire.output import error_body
@@ -46,10 +48,16 @@ log = logging.getLogger("braid")
 class BraidApp(QuartTrio):
     # No asgi_http_class of its own: braid.http.patches.final_send replaces quart-trio's while a
     # server runs, and BraidApp inherits it.
+    request_class = storage.BraidRequest
 
     @property
     def state(self) -> AppState:
         return self.extensions["braid"]
+
+    @property
+    def batches(self) -> BatchRunner | None:
+        """The batch runner when the app has a store: the server runs it (:meth:`BatchRunner.run`)."""
+        return self.extensions.get("braid.batches")
 
 
 POST_ROUTES: tuple[Route, ...] = (*completions.ROUTES, *chat.ROUTES, *tokenize.ROUTES, *invocations.ROUTES)
@@ -158,7 +166,12 @@ def _parsers(engine: Engine, settings: Settings) -> Parsers | None:
     return load_parsers(settings.parsers, engine.tokenizer.parser_tokenizer(), engine.info.name)
 
 
-def create_app(engine: Engine, settings: Settings | None = None, metrics: Metrics | None = None) -> BraidApp:
+def create_app(
+    engine: Engine, settings: Settings | None = None, metrics: Metrics | None = None, store: Store | None = None
+) -> BraidApp:
+    """The app on ``engine``. With a ``store`` (``braid serve`` always opens one), ``/v1/files``
+    and ``/v1/batches`` are served too (:mod:`braid.http.storage`); the caller owns the store
+    and closes it after the app has stopped serving."""
     settings = settings or Settings()
     app = BraidApp("braid")
     limits.configure_quart(app, settings)
@@ -209,6 +222,10 @@ def create_app(engine: Engine, settings: Settings | None = None, metrics: Metric
 
     for route in POST_ROUTES:
         _serve(app, state, route)
+    if store is not None:
+        runner = BatchRunner(state, store)
+        app.extensions["braid.batches"] = runner
+        storage.install(app, state, store, runner)
 
     @app.get("/v1/models")
     async def models() -> Response:

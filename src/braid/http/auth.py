@@ -18,6 +18,11 @@ The contract, when ``Settings.api_keys`` is not empty:
   every key, all of them every time, so neither the matching key nor a key's length shows in
   the timing.
 
+* A request with a valid key carries its owner id in its scope (:data:`OWNER`:
+  :func:`braid.store.records.owner_of` the key, never the key itself), which the store's routes
+  file everything under; without keys the middleware is not there and they use the anonymous
+  owner.
+
 * A request with one of ``Settings.background_keys`` runs in the background class: the guard
   sets :data:`BACKGROUND` in its scope, and the generating routes read it
   (``docs/admission.md``). Which key matched is found in the same constant-time pass.
@@ -35,12 +40,16 @@ from typing import Any
 from braid.errors import Unauthorized
 from braid.http.asgi import ASGIApp, Receive, Scope, Send
 from braid.settings import Settings
+from braid.store.records import owner_of
 from braid.wire.output import error_body
 
 _OPEN_METHODS = frozenset({"GET", "HEAD"})
 
 BACKGROUND = "braid.background"
 """The ASGI scope key set (to True) for a request that presented a background key."""
+
+OWNER = "braid.owner"
+"""The ASGI scope key holding the owner id of a request's valid key (``braid.store.records``)."""
 
 
 def parse_key_file(text: str) -> list[str]:
@@ -80,8 +89,10 @@ class KeyGuard:
             return
         match = self._match(scope)
         if match is not None:
-            if match:
-                scope = {**scope, BACKGROUND: True}
+            background, token = match
+            scope = {**scope, OWNER: owner_of(token)}
+            if background:
+                scope[BACKGROUND] = True
             await self.app(scope, receive, send)
         elif kind == "websocket":
             await send({"type": "websocket.close", "code": 1008})
@@ -94,8 +105,8 @@ class KeyGuard:
         path = scope["path"]
         return path in self._open and scope.get("raw_path", path.encode()) == path.encode()
 
-    def _match(self, scope: Scope) -> bool | None:
-        """None: no valid key; else whether the key presented is a background key."""
+    def _match(self, scope: Scope) -> tuple[bool, bytes] | None:
+        """None: no valid key; else whether the key presented is a background key, and the key."""
         values = [v for k, v in scope["headers"] if k.lower() == b"authorization"]
         if len(values) != 1:
             return None
@@ -108,7 +119,7 @@ class KeyGuard:
             hit = hmac.compare_digest(presented, digest)
             ok |= hit
             background |= hit and is_background
-        return background if ok else None
+        return (background, token.strip()) if ok else None
 
 
 async def _refuse(send: Send, *, close: bool) -> None:
@@ -134,4 +145,4 @@ def install(app: Any, settings: Settings) -> None:
     app.asgi_app = KeyGuard(app.asgi_app, settings.api_keys, settings.open_paths, settings.background_keys)
 
 
-__all__ = ["BACKGROUND", "KeyGuard", "install", "parse_key_file"]
+__all__ = ["BACKGROUND", "OWNER", "KeyGuard", "install", "parse_key_file"]

@@ -1,0 +1,407 @@
+"""The batch runner: every active job's lines through the routes' own views, in the background class.
+
+One :class:`BatchRunner` per server, made with the app when it has a store and run by ``braid
+serve`` in the server's nursery (:meth:`BatchRunner.run`), beside hypercorn; it is cancelled
+when the server has drained. What it does:
+
+* **Feeding.** Each active job has a task that reads its input file line by line and starts a
+  task per line as room frees up: at most ``in_flight`` lines of every job together are in the
+  pipeline (admitted and waiting in admission's background queue, or running), which is the
+  background class's slots plus a margin, so a freed slot always finds a line waiting and no
+  line waits for another (no chunk barrier). Each line is one call of the route's view
+  (:func:`braid.routes.completions.completions`, :func:`braid.routes.chat.chat_completions`) with
+  ``background=True``: the same validation, admission, engine requests and aborts as a client's
+  request of a background key.
+* **Results.** A 200 is appended to the job's output lines, any other answer to its error lines
+  (OpenAI's batch output rows, with the line number), as each finishes; the counts follow.
+  A 429 (the background queue is full of other clients' work) is retried after its Retry-After;
+  a 503 (draining, engine dead) stops the job's task with nothing written for the line, so it
+  runs again after the restart.
+* **Crash-safe.** Rows are appended whole; at start a job's task reads the ``custom_id`` of every
+  whole row already written (a torn last row is cut off) and skips those lines, so after
+  ``kill -9`` and a restart every line appears exactly once across the output and error files.
+* **The end.** When every line has a row the job is ``finalizing``, its rows become its output
+  and error files (ids made from the job's, so a crash while finalizing redoes it, not twice),
+  and it is ``completed``. Cancel (:meth:`BatchRunner.cancel`) cancels the job's task: its lines'
+  engine requests are aborted as a disconnected client's are, and the job ends ``cancelled``
+  with the rows written so far. A job whose window ends is ended the same way, ``expired``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO, cast
+
+import attrs
+import msgspec
+import trio
+
+from braid.batch.validate import LineChecker, Refused, Runnable, answer_row, body_check, error_row, numbered_lines
+from braid.routes import chat, completions
+from braid.routes.common import AppState, JsonResponse, View
+from braid.store.db import Store
+from braid.store.records import BatchError, BatchRecord, FileRecord, RequestCounts
+
+log = logging.getLogger("braid.batch")
+
+READ_LINES = 256
+"""Lines read from an input file per worker-thread call."""
+COUNTS_EVERY = 0.5
+"""Seconds between two writes of a running job's counts to the store."""
+MIN_IN_FLIGHT, EXTRA_IN_FLIGHT = 8, 16
+
+
+class _Done(msgspec.Struct):
+    line: int
+
+
+_DONE = msgspec.json.Decoder(_Done)
+
+
+class _CustomId(msgspec.Struct):
+    custom_id: str | None = None
+
+
+_CUSTOM_ID = msgspec.json.Decoder(_CustomId)
+
+
+def _derived_id(batch_id: str, kind: str) -> str:
+    """A job's output or error file id: as unguessable as the job's, and the same every time, so
+    that finalizing again after a crash finds the file it made."""
+    return "file-" + hashlib.sha256(f"{batch_id}/{kind}".encode()).hexdigest()[:32]
+
+
+def read_done(path: Path) -> tuple[set[int], int]:
+    """The line numbers of the whole rows of a job's result file, and how many rows. A last
+    row without its newline (a crash while it was written) is cut off the file. (Line numbers,
+    not ``custom_id``s: a duplicate's error row carries the id of the line it repeats, which
+    must still run; among the runnable lines the two are one to one.)"""
+    done: set[int] = set()
+    if not path.exists():
+        return done, 0
+    with open(path, "r+b") as f:
+        data = f.read()
+        whole = data.rfind(b"\n") + 1
+        if whole < len(data):
+            f.truncate(whole)
+    rows = 0
+    for raw in data[:whole].splitlines():
+        if raw.strip():
+            done.add(_DONE.decode(raw).line)
+            rows += 1
+    return done, rows
+
+
+def open_binary(path: Path, mode: str) -> BinaryIO:
+    """``open`` in binary mode, for a worker thread."""
+    return cast(BinaryIO, open(path, mode))  # the caller closes it
+
+
+def default_in_flight(state: AppState) -> int:
+    """Lines in the pipeline at once: the background class's room and a margin (see the module)."""
+    room = state.admission.background_room
+    if room == 0:
+        return 64
+    return max(MIN_IN_FLIGHT, room + min(EXTRA_IN_FLIGHT, room))
+
+
+@attrs.define(eq=False)
+class _Job:
+    record: BatchRecord
+    scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    cancelled: bool = False
+    stopped: bool = False
+    """The server could not run a line (draining, engine dead): the job is left for the restart."""
+    completed: int = 0
+    failed: int = 0
+
+
+class BatchRunner:
+    """See the module's contract."""
+
+    def __init__(self, state: AppState, store: Store, *, in_flight: int | None = None) -> None:
+        self.state = state
+        self.store = store
+        self._limiter = trio.CapacityLimiter(in_flight or default_in_flight(state))
+        self._nursery: trio.Nursery | None = None
+        self._jobs: dict[str, _Job] = {}
+        self.now: Callable[[], float] = time.time
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Resume every active job, then run the jobs submitted, until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for record in await self.store.active_batches():
+                self.submit(record)
+            task_status.started()
+            await trio.sleep_forever()
+
+    def submit(self, record: BatchRecord) -> None:
+        """Start running a job (a job already running is left alone)."""
+        if self._nursery is None or record.id in self._jobs:
+            return
+        job = self._jobs[record.id] = _Job(record)
+        self._nursery.start_soon(self._run_job, job, name=f"batch {record.id}")
+
+    async def cancel(self, record: BatchRecord) -> BatchRecord:
+        """Cancel an active job: ``cancelling`` while its running lines are aborted, then
+        ``cancelled`` (at once when none of it runs here). The job as stored now."""
+        now = int(self.now())
+        cancelling = attrs.evolve(record, status="cancelling", times=attrs.evolve(record.times, cancelling_at=now))
+        if not await self.store.move_batch(cancelling, unless=("completed", "failed", "expired", "cancelled")):
+            return await self.store.load_batch(record.id) or record
+        job = self._jobs.get(record.id)
+        if job is not None:
+            job.cancelled = True
+            job.scope.cancel()
+            return cancelling
+        # Not running here (no runner yet, or it stopped): end it now with the rows written.
+        job = _Job(cancelling, cancelled=True)
+        store = self.store
+        out_path, err_path = store.work_path(record.id, "output"), store.work_path(record.id, "error")
+        _, job.completed = await trio.to_thread.run_sync(read_done, out_path)
+        _, job.failed = await trio.to_thread.run_sync(read_done, err_path)
+        return await self._finish(job, "cancelled", out_path, err_path)
+
+    async def fail(self, record: BatchRecord) -> BatchRecord:
+        """Store a job that cannot run and end it ``failed``, its error rows its error file."""
+        failed = attrs.evolve(record, status="failed", times=attrs.evolve(record.times, failed_at=record.created_at))
+        await self.store.add_batch(failed)
+        job = _Job(failed, failed=record.counts.failed)
+        store = self.store
+        return await self._finish(
+            job, "failed", store.work_path(record.id, "output"), store.work_path(record.id, "error")
+        )
+
+    @property
+    def running(self) -> bool:
+        return self._nursery is not None
+
+    async def _run_job(self, job: _Job) -> None:
+        store, record = self.store, job.record
+        out_path, err_path = store.work_path(record.id, "output"), store.work_path(record.id, "error")
+        try:
+            out_done, job.completed = await trio.to_thread.run_sync(read_done, out_path)
+            err_done, job.failed = await trio.to_thread.run_sync(read_done, err_path)
+            if record.status == "cancelling":
+                job.cancelled = True
+            elif record.status == "in_progress":
+                job.scope.deadline = trio.current_time() + (record.expires_at - self.now())
+                with job.scope:
+                    await self._feed(job, out_path, err_path, out_done | err_done)
+            if job.stopped:
+                log.info("batch %s: the server cannot run lines now; it resumes after a restart", record.id)
+                await store.set_counts(record.id, job.completed, job.failed)
+                return
+            if job.cancelled:
+                status = "cancelled"
+            elif job.scope.cancelled_caught:
+                status = "expired"
+                await self._expire_rest(job, err_path, out_done | err_done)
+            else:
+                status = "completed"
+            await self._finish(job, status, out_path, err_path)
+        except FileNotFoundError:
+            # The input file was deleted while the job ran (or before a restart).
+            await self._fail(job, "input_file_deleted", "The batch's input file was deleted before the batch ended.")
+        except Exception:
+            # A bug must not end the server with it: the job fails, and the log has why.
+            log.exception("batch %s: the runner failed", record.id)
+            await self._fail(job, "internal_error", "The batch failed inside braid (see the server's log).")
+        finally:
+            del self._jobs[record.id]
+
+    async def _feed(self, job: _Job, out_path: Path, err_path: Path, done: set[int]) -> None:
+        record = job.record
+        state, store = self.state, self.store
+        check = body_check(record.endpoint, state.engine, state.settings, state.limits)
+        checker = LineChecker(record.endpoint, check)
+        view: View = completions.completions if record.endpoint == "/v1/completions" else chat.chat_completions
+        # Bounded: a line's task and the reader wait for the writer rather than hold rows.
+        send, receive = trio.open_memory_channel[tuple[bool, bytes]](READ_LINES)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._write, job, receive, out_path, err_path)
+            async with send:
+                source = await trio.to_thread.run_sync(open_binary, store.path(record.input_file_id), "rb")
+                with source:
+                    lines = numbered_lines(source)
+                    while True:
+                        chunk = await trio.to_thread.run_sync(lambda: list(itertools.islice(lines, READ_LINES)))
+                        if not chunk:
+                            break
+                        for number, raw in chunk:
+                            found = checker(number, raw)  # every line: the checker learns the custom_ids
+                            if number in done:
+                                continue  # its row is written (at validation, or before a restart)
+                            if isinstance(found, Refused):
+                                await send.send((False, found.row))
+                                continue
+                            await self._limiter.acquire_on_behalf_of(found)
+                            nursery.start_soon(self._line, job, view, found, send.clone())
+
+    async def _line(
+        self, job: _Job, view: View, line: Runnable, send: trio.MemorySendChannel[tuple[bool, bytes]]
+    ) -> None:
+        async with send:
+            try:
+                while True:
+                    result = await self._call(view, line.body)
+                    if result.status == 429:
+                        retry = next((int(v) for k, v in result.headers if k == "Retry-After"), 1)
+                        await trio.sleep(retry)
+                        continue
+                    if result.status == 503:
+                        job.stopped = True
+                        job.scope.cancel()
+                        return
+                    break
+            finally:
+                self._limiter.release_on_behalf_of(line)
+            rid = next((v for k, v in result.headers if k == "X-Request-Id"), None)
+            await send.send(
+                (result.status == 200, answer_row(line.number, line.custom_id, result.status, result.body, rid))
+            )
+
+    async def _call(self, view: View, body: bytes) -> JsonResponse:
+        async def read_body() -> bytes:
+            return body
+
+        result = await view(self.state, read_body, content_type="application/json", request_id=None, background=True)
+        assert isinstance(result, JsonResponse), "a batch line never streams (its validation refuses stream)"
+        return result
+
+    async def _write(
+        self, job: _Job, receive: trio.MemoryReceiveChannel[tuple[bool, bytes]], out_path: Path, err_path: Path
+    ) -> None:
+        """Append rows as they come, several per worker-thread call; the counts to the store now and then."""
+        store = self.store
+        last = trio.current_time()
+        out = await trio.to_thread.run_sync(open_binary, out_path, "ab")
+        err = await trio.to_thread.run_sync(open_binary, err_path, "ab")
+        with out, err:
+            async with receive:
+                while True:
+                    try:
+                        rows = [await receive.receive()]
+                    except trio.EndOfChannel:
+                        break
+                    while True:
+                        try:
+                            rows.append(receive.receive_nowait())
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
+
+                    def append(rows: list[tuple[bool, bytes]] = rows) -> None:
+                        for ok, row in rows:
+                            (out if ok else err).write(row)
+                        out.flush()
+                        err.flush()
+
+                    # shielded: rows in hand are written whole even as the job is cancelled
+                    with trio.CancelScope(shield=True):
+                        await trio.to_thread.run_sync(append)
+                    job.completed += sum(ok for ok, _ in rows)
+                    job.failed += sum(not ok for ok, _ in rows)
+                    if trio.current_time() - last >= COUNTS_EVERY:
+                        last = trio.current_time()
+                        with trio.CancelScope(shield=True):
+                            await store.set_counts(job.record.id, job.completed, job.failed)
+
+    async def _expire_rest(self, job: _Job, err_path: Path, done: set[int]) -> None:
+        """A row ``batch_expired`` for every line that has none, as OpenAI's expired batches have."""
+        record = self.store.path(job.record.input_file_id)
+
+        def expire() -> int:
+            done_now, _ = read_done(err_path)
+            out_done, _ = read_done(self.store.work_path(job.record.id, "output"))
+            seen = done | done_now | out_done
+            rows = 0
+            with open(record, "rb") as source, open(err_path, "ab") as err:
+                for number, raw in numbered_lines(source):
+                    if number in seen:
+                        continue
+                    try:
+                        cid: str | None = _CUSTOM_ID.decode(raw).custom_id
+                    except msgspec.MsgspecError:
+                        cid = None
+                    err.write(error_row(number, cid, "batch_expired", "The batch expired before this request ran."))
+                    rows += 1
+            return rows
+
+        with trio.CancelScope(shield=True):
+            job.failed += await trio.to_thread.run_sync(expire)
+
+    async def _fail(self, job: _Job, code: str, message: str) -> None:
+        now = int(self.now())
+        with trio.CancelScope(shield=True):
+            current = await self.store.load_batch(job.record.id) or job.record
+            await self.store.put_batch(
+                attrs.evolve(
+                    current,
+                    status="failed",
+                    errors=(BatchError(code, message),),
+                    times=attrs.evolve(current.times, failed_at=now),
+                )
+            )
+
+    async def _finish(self, job: _Job, status: str, out_path: Path, err_path: Path) -> BatchRecord:
+        """Finalize: the rows become the job's files, then the job its final status."""
+        store, record = self.store, job.record
+        now = int(self.now())
+        with trio.CancelScope(shield=True):
+            current = await store.load_batch(record.id) or record
+            times = current.times
+            if status == "completed":
+                times = attrs.evolve(times, finalizing_at=times.finalizing_at or now)
+                await store.move_batch(
+                    attrs.evolve(current, status="finalizing", times=times), unless=("cancelling", "cancelled")
+                )
+            files: dict[str, str | None] = {}
+            for kind, path in (("output", out_path), ("error", err_path)):
+                file_id = _derived_id(record.id, kind)
+                if await store.file_exists(file_id):
+                    files[kind] = file_id
+                    continue
+                size = path.stat().st_size if path.exists() else 0
+                if size == 0:
+                    path.unlink(missing_ok=True)
+                    files[kind] = None
+                    continue
+                await store.add_file(
+                    FileRecord(
+                        id=file_id,
+                        owner=record.owner,
+                        filename=f"{record.id}_{kind}.jsonl",
+                        purpose="batch_output",
+                        bytes=size,
+                        created_at=now,
+                        expires_at=now + store.options.file_retention,
+                    ),
+                    written=path,
+                )
+                files[kind] = file_id
+            stamp = {"completed": "completed_at", "cancelled": "cancelled_at", "expired": "expired_at"}.get(status)
+            if stamp is not None:
+                times = attrs.evolve(times, **{stamp: now})
+            if status == "cancelled" and times.cancelling_at is None:
+                times = attrs.evolve(times, cancelling_at=now)
+            final = attrs.evolve(
+                current,
+                status=status,  # type: ignore[arg-type]
+                times=times,
+                counts=RequestCounts(current.counts.total, job.completed, job.failed),
+                output_file_id=files["output"],
+                error_file_id=files["error"],
+            )
+            await store.put_batch(final)
+        log.info("batch %s %s: %d completed, %d failed", record.id, status, job.completed, job.failed)
+        return final
+
+
+__all__ = ["BatchRunner", "default_in_flight", "read_done"]

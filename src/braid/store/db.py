@@ -1,0 +1,450 @@
+"""braid's store: metadata in SQLite, file bytes in a directory, both under ``--storage-dir``.
+
+The one :class:`Store` of a server is opened by :func:`open_store` for the server's lifetime
+(``braid serve`` opens it beside the engine and closes it after the drain); it starts no task of
+its own. Layout of the storage directory::
+
+    store.db, store.db-wal, store.db-shm   SQLite in WAL mode: files, batches
+    files/<id>                             a file's bytes, named by its (random) id
+    tmp/                                   uploads still arriving (emptied at open)
+    jobs/<batch id>.{output,error}.jsonl   a running job's results, appended as they come
+
+**Threads.** The connection is used by one worker thread at a time: every call goes through
+``trio.to_thread.run_sync`` under the store's own limiter of 1, so SQL never runs on the event
+loop and never on two threads at once. A call is not abandoned when the calling task is
+cancelled (Trio waits for the thread), so a statement is never cut in half.
+
+**Schema.** Versioned by SQLite's ``user_version``: :data:`MIGRATIONS` holds each version's
+statements, applied in order in one transaction each at open. A database newer than this braid
+is refused at open (:class:`StoreError`), never guessed at.
+
+**Consistency.** A file's bytes are written under ``tmp/``, moved into ``files/`` and only then
+its row inserted; deleting removes the row first, then the bytes. A crash between the two steps
+leaves bytes without a row, which the store deletes at open. Expired files are deleted by
+:meth:`Store.sweep`: at open, and before each upload, list and new job (no background task of
+its own); reads never return an expired file. Jobs are never deleted (their rows are small);
+their files expire as every file does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import attrs
+import trio
+
+from braid.store.options import StoreOptions
+from braid.store.records import (
+    ACTIVE_STATUSES,
+    BatchError,
+    BatchRecord,
+    BatchTimes,
+    FileRecord,
+    RequestCounts,
+)
+
+T = TypeVar("T")
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    # 1: files and batches. ``seq`` orders lists (newest first) and is the ``after`` cursor's
+    # position; ids are random and say nothing about order.
+    (
+        """CREATE TABLE files (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            id TEXT NOT NULL UNIQUE,
+            owner TEXT NOT NULL,
+            filename TEXT NOT NULL,
+            purpose TEXT NOT NULL,
+            bytes INTEGER NOT NULL,
+            created_at INTEGER NOT NULL,
+            expires_at INTEGER
+        )""",
+        "CREATE INDEX files_by_owner ON files (owner, seq)",
+        "CREATE INDEX files_by_expiry ON files (expires_at) WHERE expires_at IS NOT NULL",
+        """CREATE TABLE batches (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            id TEXT NOT NULL UNIQUE,
+            owner TEXT NOT NULL,
+            endpoint TEXT NOT NULL,
+            input_file_id TEXT NOT NULL,
+            completion_window TEXT NOT NULL,
+            status TEXT NOT NULL,
+            created_at INTEGER NOT NULL,
+            expires_at INTEGER NOT NULL,
+            total INTEGER NOT NULL,
+            completed INTEGER NOT NULL,
+            failed INTEGER NOT NULL,
+            metadata TEXT NOT NULL,
+            errors TEXT NOT NULL,
+            times TEXT NOT NULL,
+            output_file_id TEXT,
+            error_file_id TEXT,
+            model TEXT
+        )""",
+        "CREATE INDEX batches_by_owner ON batches (owner, seq)",
+        "CREATE INDEX batches_by_status ON batches (status)",
+    ),
+)
+"""Each schema version's statements; the database's ``user_version`` is how many have run."""
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class StoreError(Exception):
+    """The store cannot be opened (a directory braid cannot write, a database of a newer braid)."""
+
+
+_FILE_COLUMNS = "id, owner, filename, purpose, bytes, created_at, expires_at"
+_BATCH_COLUMNS = (
+    "id, owner, endpoint, input_file_id, completion_window, status, created_at, expires_at, "
+    "total, completed, failed, metadata, errors, times, output_file_id, error_file_id, model"
+)
+
+
+def _file(row: Sequence[Any]) -> FileRecord:
+    return FileRecord(*row)
+
+
+def _batch_row(b: BatchRecord) -> tuple[Any, ...]:
+    return (
+        b.id,
+        b.owner,
+        b.endpoint,
+        b.input_file_id,
+        b.completion_window,
+        b.status,
+        b.created_at,
+        b.expires_at,
+        b.counts.total,
+        b.counts.completed,
+        b.counts.failed,
+        json.dumps([list(kv) for kv in b.metadata]),
+        json.dumps([attrs.asdict(e) for e in b.errors]),
+        json.dumps(attrs.asdict(b.times)),
+        b.output_file_id,
+        b.error_file_id,
+        b.model,
+    )
+
+
+def _batch(row: Sequence[Any]) -> BatchRecord:
+    (id_, owner, endpoint, input_file_id, window, status, created, expires, total, completed, failed) = row[:11]
+    metadata, errors, times, output_file_id, error_file_id, model = row[11:]
+    return BatchRecord(
+        id=id_,
+        owner=owner,
+        endpoint=endpoint,
+        input_file_id=input_file_id,
+        completion_window=window,
+        status=status,
+        created_at=created,
+        expires_at=expires,
+        counts=RequestCounts(total, completed, failed),
+        metadata=tuple((k, v) for k, v in json.loads(metadata)),
+        errors=tuple(BatchError(**e) for e in json.loads(errors)),
+        times=BatchTimes(**json.loads(times)),
+        output_file_id=output_file_id,
+        error_file_id=error_file_id,
+        model=model,
+    )
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"the store's database has schema version {version}, newer than this braid's {SCHEMA_VERSION}: "
+            "run a newer braid, or point --storage-dir elsewhere"
+        )
+    for number in range(version, SCHEMA_VERSION):
+        with conn:  # one transaction per version: a failed migration leaves the previous version
+            conn.execute("BEGIN IMMEDIATE")
+            for statement in MIGRATIONS[number]:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {number + 1}")
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    # isolation_level=None: no implicit transactions; each write below is one statement or an
+    # explicit BEGIN IMMEDIATE ... COMMIT. check_same_thread=False: Trio may hand the calls to
+    # different worker threads, one at a time (the store's limiter).
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10.0)
+    conn.execute("PRAGMA journal_mode = WAL")
+    # NORMAL under WAL: a committed transaction survives a crash of braid (not always a power
+    # cut); the bytes of the files themselves are what a job's output depends on.
+    conn.execute("PRAGMA synchronous = NORMAL")
+    return conn
+
+
+class Store:
+    """braid's store (see the module's contract). Made by :func:`open_store`."""
+
+    def __init__(self, conn: sqlite3.Connection, root: Path, options: StoreOptions) -> None:
+        self._conn = conn
+        self.root = root
+        self.options = options
+        self._limiter = trio.CapacityLimiter(1)
+        self._files = root / "files"
+        self._tmp = root / "tmp"
+        self._jobs = root / "jobs"
+        self._reserved = 0
+        """Bytes of uploads still arriving, counted against the total-space cap."""
+        self._used = 0
+        """Bytes of every stored file (kept with the rows: :meth:`add_file`, :meth:`_drop_files`)."""
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+
+    # --- bytes ------------------------------------------------------------------------------
+
+    def path(self, file_id: str) -> Path:
+        """Where a file's bytes are. Ids are made by braid (:func:`~braid.store.records.new_id`,
+        URL-safe base64), never by a client, so an id is always one plain file name."""
+        return self._files / file_id
+
+    def temp_path(self, file_id: str) -> Path:
+        """Where a file's bytes are written before the file exists (:meth:`add_file` moves them)."""
+        return self._tmp / file_id
+
+    def reserve(self, size: int) -> bool:
+        """Count ``size`` more bytes of an upload against the total-space cap; False (nothing
+        counted) if they do not fit."""
+        if self._used + self._reserved + size > self.options.max_storage_bytes:
+            return False
+        self._reserved += size
+        return True
+
+    def release(self, size: int) -> None:
+        """Uncount bytes :meth:`reserve` counted (the upload ended, stored or not)."""
+        self._reserved -= size
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    # --- files ------------------------------------------------------------------------------
+
+    async def add_file(self, record: FileRecord, *, written: Path | None = None) -> None:
+        """Store a file whose bytes are at ``written`` (default: its :meth:`temp_path`): the bytes
+        are moved into place, then the row is inserted."""
+        source = written or self.temp_path(record.id)
+
+        def add() -> None:
+            os.replace(source, self.path(record.id))
+            self._conn.execute(
+                f"INSERT INTO files ({_FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)", attrs.astuple(record)
+            )
+            self._used += record.bytes
+
+        await self._call(add)
+
+    async def get_file(self, owner: str, file_id: str, now: int) -> FileRecord | None:
+        """The owner's file of this id, unless it expired; None otherwise (another owner's
+        file is None too: its existence is not told)."""
+        row = await self._call(
+            lambda: self._conn.execute(
+                f"SELECT {_FILE_COLUMNS} FROM files WHERE id = ? AND owner = ? AND (expires_at IS NULL OR expires_at > ?)",
+                (file_id, owner, now),
+            ).fetchone()
+        )
+        return None if row is None else _file(row)
+
+    async def list_files(
+        self, owner: str, now: int, *, purpose: str | None, after: str | None, limit: int, newest_first: bool
+    ) -> tuple[list[FileRecord], bool]:
+        """One page of the owner's files (not expired) and whether more follow it. ``after``:
+        an id of the owner's from a previous page (one that is gone or unknown starts from the
+        beginning, as an empty cursor)."""
+        # An unknown cursor compares every row with itself one step back: the first page.
+        sign, order, unknown = ("<", "DESC", "seq + 1") if newest_first else (">", "ASC", "seq - 1")
+
+        def page() -> list[Any]:
+            sql = f"SELECT {_FILE_COLUMNS} FROM files WHERE owner = ? AND (expires_at IS NULL OR expires_at > ?)"
+            args: list[Any] = [owner, now]
+            if purpose is not None:
+                sql += " AND purpose = ?"
+                args.append(purpose)
+            if after is not None:
+                sql += f" AND seq {sign} COALESCE((SELECT seq FROM files WHERE id = ? AND owner = ?), {unknown})"
+                args += [after, owner]
+            sql += f" ORDER BY seq {order} LIMIT ?"
+            args.append(limit + 1)
+            return self._conn.execute(sql, args).fetchall()
+
+        rows = await self._call(page)
+        return [_file(r) for r in rows[:limit]], len(rows) > limit
+
+    async def delete_file(self, owner: str, file_id: str) -> bool:
+        """Delete the owner's file (row, then bytes); False when the owner has none of this id."""
+
+        def delete() -> bool:
+            row = self._conn.execute(
+                "DELETE FROM files WHERE id = ? AND owner = ? RETURNING id, bytes", (file_id, owner)
+            ).fetchone()
+            if row is None:
+                return False
+            self._unlink([row])
+            return True
+
+        return await self._call(delete)
+
+    def _unlink(self, rows: Sequence[Sequence[Any]]) -> None:
+        for file_id, size in rows:
+            self._used -= size
+            self.path(file_id).unlink(missing_ok=True)
+
+    # --- batches ----------------------------------------------------------------------------
+
+    async def add_batch(self, record: BatchRecord) -> None:
+        row = _batch_row(record)
+        marks = ", ".join("?" * len(row))
+        await self._call(lambda: self._conn.execute(f"INSERT INTO batches ({_BATCH_COLUMNS}) VALUES ({marks})", row))
+
+    async def put_batch(self, record: BatchRecord) -> None:
+        """Replace a job's row with ``record`` (same id)."""
+        row = _batch_row(record)
+        sets = ", ".join(f"{c.strip()} = ?" for c in _BATCH_COLUMNS.split(","))
+        await self._call(lambda: self._conn.execute(f"UPDATE batches SET {sets} WHERE id = ?", (*row, record.id)))
+
+    async def get_batch(self, owner: str, batch_id: str) -> BatchRecord | None:
+        row = await self._call(
+            lambda: self._conn.execute(
+                f"SELECT {_BATCH_COLUMNS} FROM batches WHERE id = ? AND owner = ?", (batch_id, owner)
+            ).fetchone()
+        )
+        return None if row is None else _batch(row)
+
+    async def load_batch(self, batch_id: str) -> BatchRecord | None:
+        """A job whoever owns it (the runner's view)."""
+        row = await self._call(
+            lambda: self._conn.execute(f"SELECT {_BATCH_COLUMNS} FROM batches WHERE id = ?", (batch_id,)).fetchone()
+        )
+        return None if row is None else _batch(row)
+
+    async def active_batches(self) -> list[BatchRecord]:
+        """Every owner's jobs that have work or their end still to come, oldest first."""
+        marks = ", ".join("?" * len(ACTIVE_STATUSES))
+        rows = await self._call(
+            lambda: self._conn.execute(
+                f"SELECT {_BATCH_COLUMNS} FROM batches WHERE status IN ({marks}) ORDER BY seq", ACTIVE_STATUSES
+            ).fetchall()
+        )
+        return [_batch(r) for r in rows]
+
+    async def set_counts(self, batch_id: str, completed: int, failed: int) -> None:
+        """A job's progress, and nothing else of its row."""
+        await self._call(
+            lambda: self._conn.execute(
+                "UPDATE batches SET completed = ?, failed = ? WHERE id = ?", (completed, failed, batch_id)
+            )
+        )
+
+    async def move_batch(self, record: BatchRecord, *, unless: tuple[str, ...]) -> bool:
+        """Replace a job's row with ``record`` unless its status now is one of ``unless`` (then
+        nothing changes, and False): a change that must not undo one made meanwhile."""
+        row = _batch_row(record)
+        sets = ", ".join(f"{c.strip()} = ?" for c in _BATCH_COLUMNS.split(","))
+        marks = ", ".join("?" * len(unless))
+
+        def move() -> bool:
+            cur = self._conn.execute(
+                f"UPDATE batches SET {sets} WHERE id = ? AND status NOT IN ({marks})", (*row, record.id, *unless)
+            )
+            return cur.rowcount == 1
+
+        return await self._call(move)
+
+    def work_path(self, batch_id: str, kind: str) -> Path:
+        """A running job's output (``kind`` "output") or error ("error") lines, appended as they
+        come; they become the job's files when it ends (:mod:`braid.batch.runner`)."""
+        return self._jobs / f"{batch_id}.{kind}.jsonl"
+
+    async def file_exists(self, file_id: str) -> bool:
+        row = await self._call(lambda: self._conn.execute("SELECT 1 FROM files WHERE id = ?", (file_id,)).fetchone())
+        return row is not None
+
+    async def list_batches(self, owner: str, *, after: str | None, limit: int) -> tuple[list[BatchRecord], bool]:
+        """One page of the owner's jobs, newest first, and whether more follow (``after`` as for files)."""
+
+        def page() -> list[Any]:
+            sql = f"SELECT {_BATCH_COLUMNS} FROM batches WHERE owner = ?"
+            args: list[Any] = [owner]
+            if after is not None:
+                sql += " AND seq < COALESCE((SELECT seq FROM batches WHERE id = ? AND owner = ?), seq + 1)"
+                args += [after, owner]
+            sql += " ORDER BY seq DESC LIMIT ?"
+            args.append(limit + 1)
+            return self._conn.execute(sql, args).fetchall()
+
+        rows = await self._call(page)
+        return [_batch(r) for r in rows[:limit]], len(rows) > limit
+
+    # --- retention ----------------------------------------------------------------------------
+
+    async def sweep(self, now: int) -> int:
+        """Delete expired files (rows, then bytes); return how many went. (A job past its window
+        is the runner's to end: :mod:`braid.batch.runner`.)"""
+
+        def sweep() -> int:
+            rows = self._conn.execute(
+                "DELETE FROM files WHERE expires_at IS NOT NULL AND expires_at <= ? RETURNING id, bytes", (now,)
+            ).fetchall()
+            self._unlink(rows)
+            return len(rows)
+
+        return await self._call(sweep)
+
+    def _open_sweep(self) -> None:
+        """At open: empty ``tmp/`` (uploads a crash cut short), delete bytes without a row, and
+        count the bytes stored."""
+        for leftover in self._tmp.iterdir():
+            leftover.unlink(missing_ok=True)
+        known = {fid: size for fid, size in self._conn.execute("SELECT id, bytes FROM files")}
+        for stored in self._files.iterdir():
+            if stored.name not in known:
+                stored.unlink(missing_ok=True)
+        self._used = sum(known.values())
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+@asynccontextmanager
+async def open_store(options: StoreOptions, now: int) -> AsyncIterator[Store]:
+    """Open (creating it if need be) the store under ``options.storage_dir``, migrate its schema,
+    sweep it, and close it on exit. :class:`StoreError` for a directory braid cannot use or a
+    database it cannot read."""
+    root = Path(options.storage_dir)
+
+    def prepare() -> Store:
+        try:
+            for d in (root, root / "files", root / "tmp", root / "jobs"):
+                d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            conn = _connect(root / "store.db")
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"cannot use the storage directory {root} (--storage-dir): {exc}") from None
+        try:
+            _migrate(conn)
+            store = Store(conn, root, options)
+            store._open_sweep()
+        except BaseException:
+            conn.close()
+            raise
+        return store
+
+    store = await trio.to_thread.run_sync(prepare)
+    try:
+        await store.sweep(now)
+        yield store
+    finally:
+        with trio.CancelScope(shield=True):
+            await store._call(store.close)
+
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Store", "StoreError", "open_store"]

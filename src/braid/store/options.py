@@ -1,0 +1,36 @@
+"""The store's options (``braid serve``'s storage flags), with their defaults in one place."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import attrs
+
+
+def default_storage_dir() -> str:
+    """``$XDG_DATA_HOME/braid``, else ``~/.local/share/braid`` (the XDG base directory default)."""
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return os.path.join(base, "braid")
+
+
+DAY = 86_400
+
+
+@attrs.frozen
+class StoreOptions:
+    storage_dir: str = attrs.field(factory=default_storage_dir, converter=lambda p: str(Path(p).expanduser()))
+    """Where the database (``store.db``) and the files' bytes (``files/``) live."""
+    max_file_bytes: int = attrs.field(default=200 * 2**20, validator=attrs.validators.gt(0))
+    """An upload larger than this is refused (413) while it arrives (OpenAI's batch input limit: 200 MB)."""
+    max_storage_bytes: int = attrs.field(default=10 * 2**30, validator=attrs.validators.gt(0))
+    """All files' bytes together, every owner's; an upload that would pass it is refused (413)."""
+    file_retention: int = attrs.field(default=30 * DAY, validator=attrs.validators.gt(0))
+    """Seconds a file is kept after it is made (OpenAI's default for batch files: 30 days)."""
+    batch_window: int = attrs.field(default=DAY, validator=attrs.validators.gt(0))
+    """Seconds a job's ``completion_window`` ("24h") lasts; shorter to test expiry."""
+    max_batch_lines: int = attrs.field(default=50_000, validator=attrs.validators.gt(0))
+    """Lines one batch's input file may have (OpenAI's limit)."""
+
+
+__all__ = ["DAY", "StoreOptions", "default_storage_dir"]

@@ -1,0 +1,212 @@
+"""OpenAI's shapes for ``/v1/files`` and ``/v1/batches``: the objects braid sends, and the body
+of ``POST /v1/batches``.
+
+The objects follow the ``openai`` package's types (``openai.types.FileObject``, ``Batch``,
+``FileDeleted``, ``BatchRequestCounts``, ``BatchError``); lists are OpenAI's cursor pages
+(``data``, ``first_id``, ``last_id``, ``has_more``), which the client pages through with
+``after``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from braid.errors import InvalidRequest, SchemaError
+from braid.store.records import BatchRecord, FileRecord
+
+
+class FileObject(msgspec.Struct, forbid_unknown_fields=True):
+    id: str
+    object: Literal["file"]
+    bytes: int
+    created_at: int
+    expires_at: int | None
+    filename: str
+    purpose: str
+    status: Literal["processed"]
+    status_details: None = None
+
+
+class FileList(msgspec.Struct, forbid_unknown_fields=True):
+    object: Literal["list"]
+    data: list[FileObject]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class FileDeleted(msgspec.Struct, forbid_unknown_fields=True):
+    id: str
+    object: Literal["file"]
+    deleted: bool
+
+
+class RequestCountsObject(msgspec.Struct, forbid_unknown_fields=True):
+    total: int
+    completed: int
+    failed: int
+
+
+class BatchErrorObject(msgspec.Struct, forbid_unknown_fields=True):
+    code: str
+    message: str
+    param: str | None
+    line: int | None
+
+
+class BatchErrors(msgspec.Struct, forbid_unknown_fields=True):
+    object: Literal["list"]
+    data: list[BatchErrorObject]
+
+
+class BatchObject(msgspec.Struct, forbid_unknown_fields=True):
+    id: str
+    object: Literal["batch"]
+    endpoint: str
+    errors: BatchErrors | None
+    input_file_id: str
+    completion_window: str
+    status: str
+    output_file_id: str | None
+    error_file_id: str | None
+    created_at: int
+    in_progress_at: int | None
+    expires_at: int | None
+    finalizing_at: int | None
+    completed_at: int | None
+    failed_at: int | None
+    expired_at: int | None
+    cancelling_at: int | None
+    cancelled_at: int | None
+    request_counts: RequestCountsObject
+    metadata: dict[str, str] | None
+    model: str | None
+
+
+class BatchList(msgspec.Struct, forbid_unknown_fields=True):
+    object: Literal["list"]
+    data: list[BatchObject]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class BatchCreateBody(msgspec.Struct):
+    """The body of ``POST /v1/batches``. Unknown fields are ignored, as vLLM ignores them."""
+
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None = None
+
+
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY = 64
+MAX_METADATA_VALUE = 512
+
+_CREATE = msgspec.json.Decoder(BatchCreateBody)
+
+
+def parse_batch_create(body: bytes) -> BatchCreateBody:
+    """Decode ``POST /v1/batches``; :class:`~braid.errors.SchemaError` for a body that is not
+    one, :class:`~braid.errors.InvalidRequest` for metadata beyond OpenAI's limits. The
+    endpoint, window and input file are checked by the route, which knows what it serves."""
+    try:
+        b = _CREATE.decode(body)
+    except msgspec.ValidationError as exc:
+        raise SchemaError(str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise SchemaError(f"The body is not valid JSON: {exc}") from None
+    if b.metadata is not None:
+        if len(b.metadata) > MAX_METADATA_PAIRS:
+            raise InvalidRequest(f"metadata may have at most {MAX_METADATA_PAIRS} pairs.", param="metadata")
+        for k, v in b.metadata.items():
+            if len(k) > MAX_METADATA_KEY or len(v) > MAX_METADATA_VALUE:
+                raise InvalidRequest(
+                    f"metadata keys may have at most {MAX_METADATA_KEY} characters and values {MAX_METADATA_VALUE}.",
+                    param="metadata",
+                )
+    return b
+
+
+def file_object(f: FileRecord) -> FileObject:
+    return FileObject(
+        id=f.id,
+        object="file",
+        bytes=f.bytes,
+        created_at=f.created_at,
+        expires_at=f.expires_at,
+        filename=f.filename,
+        purpose=f.purpose,
+        status="processed",
+    )
+
+
+def batch_object(b: BatchRecord) -> BatchObject:
+    t = b.times
+    errors = None
+    if b.errors:
+        data = [BatchErrorObject(code=e.code, message=e.message, param=e.param, line=e.line) for e in b.errors]
+        errors = BatchErrors(object="list", data=data)
+    return BatchObject(
+        id=b.id,
+        object="batch",
+        endpoint=b.endpoint,
+        errors=errors,
+        input_file_id=b.input_file_id,
+        completion_window=b.completion_window,
+        status=b.status,
+        output_file_id=b.output_file_id,
+        error_file_id=b.error_file_id,
+        created_at=b.created_at,
+        in_progress_at=t.in_progress_at,
+        expires_at=b.expires_at,
+        finalizing_at=t.finalizing_at,
+        completed_at=t.completed_at,
+        failed_at=t.failed_at,
+        expired_at=t.expired_at,
+        cancelling_at=t.cancelling_at,
+        cancelled_at=t.cancelled_at,
+        request_counts=RequestCountsObject(b.counts.total, b.counts.completed, b.counts.failed),
+        metadata=dict(b.metadata) if b.metadata else None,
+        model=b.model,
+    )
+
+
+def file_list(files: list[FileRecord], has_more: bool) -> FileList:
+    data = [file_object(f) for f in files]
+    return FileList(
+        object="list",
+        data=data,
+        first_id=data[0].id if data else None,
+        last_id=data[-1].id if data else None,
+        has_more=has_more,
+    )
+
+
+def batch_list(batches: list[BatchRecord], has_more: bool) -> BatchList:
+    data = [batch_object(b) for b in batches]
+    return BatchList(
+        object="list",
+        data=data,
+        first_id=data[0].id if data else None,
+        last_id=data[-1].id if data else None,
+        has_more=has_more,
+    )
+
+
+__all__ = [
+    "BatchCreateBody",
+    "BatchList",
+    "BatchObject",
+    "FileDeleted",
+    "FileList",
+    "FileObject",
+    "batch_list",
+    "batch_object",
+    "file_list",
+    "file_object",
+    "parse_batch_create",
+]

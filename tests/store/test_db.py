@@ -1,0 +1,143 @@
+"""braid's store on a real SQLite database in a temporary directory: schema, owners, pages,
+retention, and what a crash leaves behind."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import attrs
+import pytest
+
+from braid.store.db import SCHEMA_VERSION, Store, StoreError, open_store
+from braid.store.options import StoreOptions
+from braid.store.records import BatchRecord, FileRecord, RequestCounts, new_id, owner_of
+
+NOW = 1_800_000_000
+
+
+def _file(
+    store: Store, owner: str, *, created: int = NOW, expires: int | None = NOW + 100, data: bytes = b"x"
+) -> FileRecord:
+    record = FileRecord(new_id("file-"), owner, "in.jsonl", "batch", len(data), created, expires)
+    store.temp_path(record.id).write_bytes(data)
+    return record
+
+
+def _options(tmp_path: Path, **kw: int) -> StoreOptions:
+    return StoreOptions(storage_dir=str(tmp_path / "store"), **kw)
+
+
+async def test_a_new_store_has_the_current_schema_and_wal(tmp_path: Path) -> None:
+    async with open_store(_options(tmp_path), NOW):
+        pass
+    conn = sqlite3.connect(tmp_path / "store" / "store.db")
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION >= 1
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    async with open_store(_options(tmp_path), NOW):
+        pass
+    conn = sqlite3.connect(tmp_path / "store" / "store.db")
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(StoreError, match="newer than this braid"):
+        async with open_store(_options(tmp_path), NOW):
+            pass
+
+
+async def test_an_unusable_directory_is_one_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(StoreError, match="--storage-dir"):
+        async with open_store(StoreOptions(storage_dir=str(tmp_path / "file" / "store")), NOW):
+            pass
+
+
+async def test_records_survive_a_reopen_and_owners_are_apart(tmp_path: Path) -> None:
+    a, b = owner_of("key-a"), owner_of("key-b")
+    assert a != b and "key-a" not in a
+    async with open_store(_options(tmp_path), NOW) as store:
+        f = _file(store, a, data=b"hello")
+        await store.add_file(f)
+        job = BatchRecord(
+            new_id("batch_"), a, "/v1/completions", f.id, "24h", "in_progress", NOW, NOW + 60,
+            counts=RequestCounts(3, 1, 1), metadata=(("k", "v"),),
+        )  # fmt: skip
+        await store.add_batch(job)
+    async with open_store(_options(tmp_path), NOW) as store:
+        assert await store.get_file(a, f.id, NOW) == f
+        assert await store.get_file(b, f.id, NOW) is None
+        assert store.path(f.id).read_bytes() == b"hello"
+        assert store.used_bytes == 5
+        assert await store.get_batch(a, job.id) == job
+        assert await store.get_batch(b, job.id) is None
+        assert not await store.delete_file(b, f.id)
+        assert await store.delete_file(a, f.id)
+        assert not store.path(f.id).exists() and store.used_bytes == 0
+
+
+async def test_pages_follow_the_cursor_both_ways(tmp_path: Path) -> None:
+    owner = owner_of("k")
+    async with open_store(_options(tmp_path), NOW) as store:
+        ids = []
+        for i in range(5):
+            f = _file(store, owner, created=NOW + i)
+            await store.add_file(f)
+            ids.append(f.id)
+        await store.add_file(_file(store, owner_of("other")))
+        page, more = await store.list_files(owner, NOW, purpose=None, after=None, limit=2, newest_first=True)
+        assert [f.id for f in page] == ids[:2:-1] and more
+        page, more = await store.list_files(owner, NOW, purpose=None, after=ids[3], limit=10, newest_first=True)
+        assert [f.id for f in page] == ids[2::-1] and not more
+        page, more = await store.list_files(owner, NOW, purpose=None, after=ids[1], limit=10, newest_first=False)
+        assert [f.id for f in page] == ids[2:] and not more
+        page, _ = await store.list_files(owner, NOW, purpose="batch_output", after=None, limit=10, newest_first=True)
+        assert page == []
+
+
+async def test_sweep_deletes_expired_files_and_leaves_jobs_to_the_runner(tmp_path: Path) -> None:
+    owner = owner_of("k")
+    async with open_store(_options(tmp_path), NOW) as store:
+        old = _file(store, owner, expires=NOW + 10, data=b"old")
+        kept = _file(store, owner, expires=None, data=b"kept")
+        await store.add_file(old)
+        await store.add_file(kept)
+        active = BatchRecord(new_id("batch_"), owner, "/v1/completions", kept.id, "24h", "in_progress", NOW, NOW + 10)
+        done = attrs.evolve(active, id=new_id("batch_"), status="completed")
+        await store.add_batch(active)
+        await store.add_batch(done)
+        assert await store.get_file(owner, old.id, NOW + 10) is None  # a read never shows an expired file
+        assert await store.sweep(NOW + 10) == 1
+        assert not store.path(old.id).exists() and store.path(kept.id).exists()
+        assert store.used_bytes == 4
+        assert await store.get_batch(owner, active.id) == active  # the runner ends a job past its window
+        assert await store.active_batches() == [active]
+        # a change that must not undo a job's end
+        assert not await store.move_batch(attrs.evolve(done, status="cancelling"), unless=("completed",))
+        assert await store.get_batch(owner, done.id) == done
+        assert await store.move_batch(attrs.evolve(active, status="cancelling"), unless=("completed",))
+        await store.set_counts(active.id, 3, 4)
+        moved = await store.load_batch(active.id)
+        assert moved is not None and moved.status == "cancelling" and moved.counts == RequestCounts(0, 3, 4)
+
+
+async def test_open_removes_what_a_crash_left(tmp_path: Path) -> None:
+    async with open_store(_options(tmp_path), NOW) as store:
+        store.temp_path("file-half").write_bytes(b"half an upload")
+        store.path("file-orphan").write_bytes(b"bytes moved, row never written")
+        f = _file(store, owner_of("k"))
+        await store.add_file(f)
+    async with open_store(_options(tmp_path), NOW) as store:
+        assert not store.temp_path("file-half").exists()
+        assert not store.path("file-orphan").exists()
+        assert store.path(f.id).exists()
+
+
+async def test_the_total_cap_counts_stored_and_arriving_bytes(tmp_path: Path) -> None:
+    async with open_store(_options(tmp_path, max_storage_bytes=10), NOW) as store:
+        await store.add_file(_file(store, owner_of("k"), data=b"123456"))
+        assert store.reserve(3)
+        assert not store.reserve(2)
+        store.release(3)
+        assert store.reserve(4)
