@@ -578,6 +578,7 @@ class Ro(Out):
         self.prompt_token_ids = [7]
         self.prompt_logprobs = None
         self.num_cached_tokens = 0
+        self.kv_transfer_params = None
 
     @property  # type: ignore[override]
     def outputs(self) -> list[types.SimpleNamespace]:
