@@ -9,7 +9,7 @@ The objects follow the ``openai`` package's types (``openai.types.FileObject``, 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -175,26 +175,25 @@ def batch_object(b: BatchRecord) -> BatchObject:
     )
 
 
-def file_list(files: list[FileRecord], has_more: bool) -> FileList:
-    data = [file_object(f) for f in files]
-    return FileList(
+def _page(cls: Any, data: list[Any], has_more: bool) -> Any:
+    """One page of a list route, as OpenAI's: the page's first and last ids, and whether more follow."""
+    return cls(
         object="list",
         data=data,
         first_id=data[0].id if data else None,
         last_id=data[-1].id if data else None,
         has_more=has_more,
     )
+
+
+def file_list(files: list[FileRecord], has_more: bool) -> FileList:
+    page: FileList = _page(FileList, [file_object(f) for f in files], has_more)
+    return page
 
 
 def batch_list(batches: list[BatchRecord], has_more: bool) -> BatchList:
-    data = [batch_object(b) for b in batches]
-    return BatchList(
-        object="list",
-        data=data,
-        first_id=data[0].id if data else None,
-        last_id=data[-1].id if data else None,
-        has_more=has_more,
-    )
+    page: BatchList = _page(BatchList, [batch_object(b) for b in batches], has_more)
+    return page
 
 
 __all__ = [
