@@ -195,7 +195,12 @@ class Metrics:
     """``braid_e2e_request_latency_seconds``: per engine request that finished (not aborted, not
     failed), from the HTTP request's arrival to braid's receipt of its last output. Aborted and
     failed requests are counted by cause instead."""
+    batch_lines: Counter = attrs.field(init=False)
+    """``braid_batch_lines_total{outcome}``: lines of batch jobs that ended (braid.batch.runner)."""
+    batch_jobs: Counter = attrs.field(init=False)
+    """``braid_batch_jobs_ended_total{status}``: batch jobs that reached a final status here."""
     _abort_children: dict[str, Counter] = attrs.field(init=False)
+    _batch_lines: dict[bool, Counter] = attrs.field(init=False)
     _forwarded: ForwardedFamilies | None = attrs.field(init=False, default=None)
     _queued: Callable[[], float] | None = attrs.field(init=False, default=None)
 
@@ -221,6 +226,26 @@ class Metrics:
         self.http_responses = Counter(
             "braid_http_responses", "HTTP answers by route and status", ["route", "status"], registry=r
         )
+        self.batch_lines = Counter(
+            "braid_batch_lines",
+            "Lines of batch jobs that ended, by outcome: completed (a row in the job's output file) or failed "
+            "(a row in its error file: the route's error, or batch_expired); lines refused when the job was "
+            "created are not counted",
+            ["outcome"],
+            registry=r,
+        )
+        self._batch_lines = {
+            True: self.batch_lines.labels(outcome="completed"),
+            False: self.batch_lines.labels(outcome="failed"),
+        }
+        self.batch_jobs = Counter(
+            "braid_batch_jobs_ended",
+            "Batch jobs that reached a final status on this server, by status: completed, failed, expired, cancelled",
+            ["status"],
+            registry=r,
+        )
+        for status in ("completed", "failed", "expired", "cancelled"):
+            self.batch_jobs.labels(status=status)
         self.queue_wait = Histogram(
             "braid_admission_queue_wait_seconds",
             "From a request's admission to its first engine slot",
@@ -254,6 +279,20 @@ class Metrics:
             E2E_BUCKETS,
             r,
         )
+
+    def batch_line(self, ok: bool, count: int = 1) -> None:
+        """Count ``count`` lines of batch jobs that ended (braid.batch.runner)."""
+        self._batch_lines[ok].inc(count)
+
+    def batch_ended(self, status: str) -> None:
+        """Count a batch job that reached its final ``status``."""
+        self.batch_jobs.labels(status=status).inc()
+
+    def track_batches(self, active: Callable[[], float]) -> None:
+        """Expose the batch jobs running now on this server (the runner's, read at scrape time)."""
+        Gauge(
+            "braid_batch_jobs_running", "Batch jobs this server is running lines of now", registry=self.registry
+        ).set_function(active)
 
     def abort(self, cause: AbortCause, count: int = 1) -> None:
         """Count ``count`` engine requests (or dropped prompts) aborted for ``cause``."""

@@ -56,6 +56,12 @@ def _serve(storage: Path, *flags: str, log: str) -> Any:
     )
 
 
+def _samples(server: ServerProcess) -> dict[str, float]:
+    """``/metrics`` as sample (name and labels, as written) to value."""
+    lines = httpx.get(server.url + "/metrics", timeout=5).text.splitlines()
+    return {k: float(v) for k, _, v in (line.rpartition(" ") for line in lines if line and not line.startswith("#"))}
+
+
 @pytest.fixture(scope="module")
 def storage(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("store")
@@ -352,6 +358,12 @@ def test_expiry_of_jobs_and_files(tmp_path: Path) -> None:
         (late,) = _rows(client, job.error_file_id)
         assert (late["custom_id"], late["error"]["code"]) == ("slow", "batch_expired")
         server.wait_idle(within=5)  # the slow line's engine request was aborted
+        samples = _samples(server)
+        assert samples['braid_batch_lines_total{outcome="completed"}'] == 1.0
+        assert samples['braid_batch_lines_total{outcome="failed"}'] == 1.0  # the expired line
+        assert samples['braid_batch_jobs_ended_total{status="expired"}'] == 1.0
+        assert samples['braid_batch_jobs_ended_total{status="completed"}'] == 0.0
+        assert samples["braid_batch_jobs_running"] == 0.0
         time.sleep(max(0.0, source.created_at + 4 - time.time()) + 0.1)
         with pytest.raises(openai.NotFoundError):
             client.files.retrieve(source.id)

@@ -179,6 +179,11 @@ class BatchRunner:
         )
 
     @property
+    def active(self) -> int:
+        """The jobs whose lines this runner is running now."""
+        return len(self._jobs)
+
+    @property
     def running(self) -> bool:
         return self._nursery is not None
 
@@ -306,8 +311,11 @@ class BatchRunner:
                     # shielded: rows in hand are written whole even as the job is cancelled
                     with trio.CancelScope(shield=True):
                         await trio.to_thread.run_sync(append)
-                    job.completed += sum(ok for ok, _ in rows)
-                    job.failed += sum(not ok for ok, _ in rows)
+                    completed = sum(ok for ok, _ in rows)
+                    job.completed += completed
+                    job.failed += len(rows) - completed
+                    self.state.metrics.batch_line(True, completed)
+                    self.state.metrics.batch_line(False, len(rows) - completed)
                     if trio.current_time() - last >= COUNTS_EVERY:
                         last = trio.current_time()
                         with trio.CancelScope(shield=True):
@@ -335,7 +343,9 @@ class BatchRunner:
             return rows
 
         with trio.CancelScope(shield=True):
-            job.failed += await trio.to_thread.run_sync(expire)
+            expired = await trio.to_thread.run_sync(expire)
+        job.failed += expired
+        self.state.metrics.batch_line(False, expired)
 
     async def _fail(self, job: _Job, code: str, message: str) -> None:
         now = int(self.now())
@@ -349,6 +359,7 @@ class BatchRunner:
                     times=attrs.evolve(current.times, failed_at=now),
                 )
             )
+        self.state.metrics.batch_ended("failed")
 
     async def _finish(self, job: _Job, status: str, out_path: Path, err_path: Path) -> BatchRecord:
         """Finalize: the rows become the job's files, then the job its final status."""
@@ -400,6 +411,7 @@ class BatchRunner:
                 error_file_id=files["error"],
             )
             await store.put_batch(final)
+        self.state.metrics.batch_ended(status)
         log.info("batch %s %s: %d completed, %d failed", record.id, status, job.completed, job.failed)
         return final
 
