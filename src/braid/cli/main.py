@@ -39,6 +39,12 @@ Command = Callable[[argparse.ArgumentParser, argparse.Namespace], int]
 def main(argv: list[str] | None = None) -> int:
     """Run the sub-command ``argv`` (default: the process's arguments) names; its exit status.
     A usage error (a bad flag, variable or value) exits with status 2, as argparse's do."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["batch"]:
+        # Its own parser: `braid batch`'s flags, then any `braid serve` option (braid.cli.batch).
+        from braid.cli.batch import batch
+
+        return batch(argv[1:])
     parser = build_parser(os.environ)
     args = parser.parse_args(argv)
     command: Command = {"serve": serve}[args.command]

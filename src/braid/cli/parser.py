@@ -28,6 +28,8 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
     parser = argparse.ArgumentParser(prog="braid", description="Batched OpenAI-compatible completions on Trio.")
     commands = parser.add_subparsers(dest="command", required=True)
     add_serve(commands, env)
+    # Listed for `braid -h`; braid.cli.main hands `braid batch ...` to braid.cli.batch's own parser.
+    commands.add_parser("batch", help="run a batch file offline: braid batch -i IN -o OUT [serve options]")
     return parser
 
 
