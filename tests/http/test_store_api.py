@@ -348,7 +348,10 @@ def test_expiry_of_jobs_and_files(tmp_path: Path) -> None:
     flags = ("--batch-completion-window", "2", "--file-retention", "4", "--token-delay", "0.1")
     with _serve(tmp_path, *flags, "--metrics-public", log="store-expiry") as server:
         client = _client(server)
-        lines = [_line("quick", {"prompt": "p", "max_tokens": 1}), _line("slow", {"prompt": "p", "max_tokens": 100})]
+        lines = [
+            _line("quick", {"prompt": "p", "max_tokens": 1}),
+            _line("slow", {"prompt": "p", "max_tokens": 100, "ignore_eos": True}),
+        ]
         source = client.files.create(file=("in.jsonl", io.BytesIO(_jsonl(*lines))), purpose="batch")
         job = client.batches.create(input_file_id=source.id, endpoint="/v1/completions", completion_window="24h")
         assert job.status == "in_progress" and job.expires_at == job.created_at + 2
@@ -375,7 +378,10 @@ def test_cancel_aborts_the_engine_work_and_keeps_what_was_done(tmp_path: Path) -
     flags = ("--token-delay", "0.05", "--max-in-flight-requests", "4", "--metrics-public")
     with _serve(tmp_path, *flags, log="store-cancel") as server:
         client = _client(server)
-        lines = [_line(f"r{i}", {"prompt": "p", "max_tokens": 4 if i < 4 else 40}) for i in range(40)]
+        # ignore_eos: a sampled end of text must not make a long line short (the test needs it running)
+        lines = [
+            _line(f"r{i}", {"prompt": "p", "max_tokens": 4 if i < 4 else 40, "ignore_eos": True}) for i in range(40)
+        ]
         source = client.files.create(file=("in.jsonl", io.BytesIO(_jsonl(*lines))), purpose="batch")
         job = client.batches.create(input_file_id=source.id, endpoint="/v1/completions", completion_window="24h")
         deadline = time.monotonic() + 10
