@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import schemathesis
 
 from tools.servers import ServerProcess, run_scripted_braid
 
@@ -58,7 +59,8 @@ def _serve(storage: Path, *flags: str, log: str) -> Any:
 
 def _samples(server: ServerProcess) -> dict[str, float]:
     """``/metrics`` as sample (name and labels, as written) to value."""
-    lines = httpx.get(server.url + "/metrics", timeout=5).text.splitlines()
+    answer = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY_A}"}, timeout=5)
+    lines = answer.raise_for_status().text.splitlines()
     return {k: float(v) for k, _, v in (line.rpartition(" ") for line in lines if line and not line.startswith("#"))}
 
 
@@ -445,3 +447,35 @@ def test_a_job_killed_mid_way_resumes_with_every_line_once(tmp_path: Path) -> No
         assert sorted(r["custom_id"] for r in rows) == sorted(f"r{i}" for i in range(total))
         assert all(r["response"]["status_code"] == 200 for r in rows)
         assert job.error_file_id is None
+
+
+def test_the_store_routes_are_documented_and_counted_by_template(server: ServerProcess) -> None:
+    auth = {"Authorization": f"Bearer {KEY_A}"}
+    doc = httpx.get(server.url + "/openapi.json", headers=auth, timeout=5).json()
+    store_paths = {
+        "/v1/files": {"get", "post"},
+        "/v1/files/{file_id}": {"get", "delete"},
+        "/v1/files/{file_id}/content": {"get"},
+        "/v1/batches": {"get", "post"},
+        "/v1/batches/{batch_id}": {"get"},
+        "/v1/batches/{batch_id}/cancel": {"post"},
+    }
+    assert {p: set(doc["paths"][p]) for p in store_paths} == store_paths
+    schemathesis.openapi.from_dict(doc).validate()
+    # a key is required on every store route, and a missing object is a declared 404
+    assert "401" in doc["paths"]["/v1/files/{file_id}"]["get"]["responses"]
+    assert "404" in doc["paths"]["/v1/batches/{batch_id}"]["get"]["responses"]
+    before = _samples(server)
+    for path in ("/v1/files/file-nope", "/v1/batches/batch_nope", "/v1/files/file-nope/content"):
+        assert httpx.get(server.url + path, headers=auth, timeout=5).status_code == 404
+    after = _samples(server)
+
+    def grew(route: str) -> float:
+        name = f'braid_http_responses_total{{route="{route}",status="404"}}'
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    assert (grew("/v1/files/{file_id}"), grew("/v1/batches/{batch_id}"), grew("/v1/files/{file_id}/content")) == (
+        1.0,
+        1.0,
+        1.0,
+    )

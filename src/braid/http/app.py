@@ -31,7 +31,7 @@ from braid.http import access_log, auth, cors, counting, forwarded, limits, orca
 from braid.http import load as load_tracking
 from braid.http.auth import BACKGROUND
 from braid.metrics import EngineFamilies, Metrics
-from braid.routes import chat, completions, invocations, load, lora, tokenize, tokenizer_info
+from braid.routes import batches, chat, completions, files, invocations, load, lora, tokenize, tokenizer_info
 from braid.routes.common import AppState, JsonResponse, Route, ViewResult, error_headers
 from braid.settings import Settings
 from braid.store.db import Store
@@ -76,12 +76,17 @@ ROUTES = frozenset(op.path for op in OPERATIONS)
 updating is allowed (:func:`operations`)."""
 
 
-def operations(settings: Settings) -> tuple[openapi.Operation, ...]:
+STORE_OPERATIONS: tuple[openapi.Operation, ...] = (*files.OPERATIONS, *batches.OPERATIONS)
+"""The routes on braid's store (``/v1/files``, ``/v1/batches``), served with a store."""
+
+
+def operations(settings: Settings, store: bool = False) -> tuple[openapi.Operation, ...]:
     """The routes an app with ``settings`` serves: :data:`OPERATIONS`, and the optional ones its
-    options turn on (served, documented and counted only then)."""
+    options (and a ``store``) turn on (served, documented and counted only then)."""
     optional = (tokenizer_info.OPERATION,) if settings.serving.tokenizer_info_endpoint else ()
     lora_operations = lora.OPERATIONS if settings.runtime_lora_updating else ()
-    return (*OPERATIONS, *optional, *lora_operations)
+    store_operations = STORE_OPERATIONS if store else ()
+    return (*OPERATIONS, *optional, *lora_operations, *store_operations)
 
 
 def _json(body: bytes, status: int = 200, headers: tuple[tuple[str, str], ...] = ()) -> Response:
@@ -185,7 +190,7 @@ def create_app(
     # Outside CORS: a preflight and a 401 carry the id too, as vLLM's (its outermost middleware).
     request_id.install(app, settings.serving.request_id_headers)
     state = AppState(engine, settings, metrics or Metrics(), parsers=_parsers(engine, settings))
-    served = operations(settings)
+    served = operations(settings, store=store is not None)
     # Outside those: a 401, a preflight and a 404 are answers too.
     counting.install(app, state.metrics.http_responses, frozenset(op.path for op in served))
     access_log.install(app, settings.access_log)

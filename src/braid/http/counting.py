@@ -4,8 +4,9 @@
 preflight, a 413 from quart's body limit and a 404 are counted like any answer. It reads the
 status of each ``http.response.start`` the app sends; a connection that ends before the app
 answered (a client gone during the body read) sends none and is not counted. The ``route``
-label is the request path when it is one of the app's routes, else ``other``, so a client
-cannot grow the metric's label set. Nothing is done per body chunk. The labelled child of each
+label is the request path when it is one of the app's routes, the route's template for a
+path with an id in it (``/v1/files/{file_id}``), else ``other``, so a client cannot grow the
+metric's label set. Nothing is done per body chunk. The labelled child of each
 (route, status) is made once and kept (prometheus_client's ``labels()`` takes a lock and builds
 its key on every call); routes are the app's few and statuses are three-digit numbers, so the
 cache stays small.
@@ -25,11 +26,35 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
+def _is_parameter(segment: str) -> bool:
+    return segment.startswith("{") and segment.endswith("}")
+
+
+class RouteLabels:
+    """The ``route`` label of a request path: the route itself, its template, or ``other``."""
+
+    def __init__(self, routes: frozenset[str]) -> None:
+        self._exact = frozenset(r for r in routes if "{" not in r)
+        self._templates = tuple((r, r.split("/")) for r in sorted(routes) if "{" in r)
+
+    def __call__(self, path: str) -> str:
+        if path in self._exact:
+            return path
+        if self._templates:
+            parts = path.split("/")
+            for template, pattern in self._templates:
+                if len(pattern) == len(parts) and all(
+                    (_is_parameter(want) and got) or want == got for want, got in zip(pattern, parts, strict=True)
+                ):
+                    return template
+        return "other"
+
+
 class StatusCounter:
     def __init__(self, app: ASGIApp, counter: Counter, routes: frozenset[str]) -> None:
         self._app = app
         self._counter = counter
-        self._routes = routes
+        self._label = RouteLabels(routes)
         self._children: dict[tuple[str, int], Counter] = {}
 
     def _child(self, route: str, status: int) -> Counter:
@@ -43,7 +68,7 @@ class StatusCounter:
             await self._app(scope, receive, send)
             return
         path = scope.get("path", "")
-        route = path if path in self._routes else "other"
+        route = self._label(path)
         child = self._child
 
         async def counting_send(message: Message) -> None:

@@ -29,15 +29,6 @@ from braid.store.records import ANONYMOUS
 
 UPLOAD_PATH = "/v1/files"
 
-PATHS = (
-    "/v1/files",
-    "/v1/files/{file_id}",
-    "/v1/files/{file_id}/content",
-    "/v1/batches",
-    "/v1/batches/{batch_id}",
-    "/v1/batches/{batch_id}/cancel",
-)
-
 
 class BraidRequest(TrioRequest):
     """quart-trio's request; an upload's body has no declared-length check (see the module)."""
@@ -140,4 +131,4 @@ def install(app: Any, state: AppState, store: Store, jobs: Jobs) -> None:
         return _answer(await batches.cancel(store, _owner(), batch_id, jobs=jobs, now=now()))
 
 
-__all__ = ["PATHS", "BraidRequest", "install"]
+__all__ = ["BraidRequest", "install"]

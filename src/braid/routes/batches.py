@@ -26,14 +26,15 @@ import trio
 
 from braid.batch.validate import body_check, validate_file
 from braid.engine.base import Engine
-from braid.errors import Conflict, InvalidRequest, NotFound
+from braid.errors import BodyTimeout, BodyTooLarge, Conflict, InvalidRequest, NotFound, SchemaError
 from braid.routes.common import JsonResponse
-from braid.routes.files import page_limit
+from braid.routes.files import json_ok, page_limit, path_id, query
 from braid.settings import Settings
 from braid.store.db import Store
 from braid.store.records import BatchEndpoint, BatchRecord, BatchTimes, RequestCounts, new_id
 from braid.wire import files as wire
 from braid.wire.fields import Limits
+from braid.wire.openapi import Operation, error_outcomes, json_body, ref
 
 ENDPOINTS: tuple[BatchEndpoint, ...] = ("/v1/completions", "/v1/chat/completions")
 WINDOW = "24h"
@@ -156,4 +157,55 @@ async def cancel(store: Store, owner: str, batch_id: str, *, jobs: Jobs, now: in
     return _json(wire.batch_object(await jobs.cancel(record)))
 
 
-__all__ = ["ENDPOINTS", "cancel", "create", "list_batches", "retrieve"]
+_BATCH_ID = path_id("batch_id", "batch_0")
+
+OPERATIONS = (
+    Operation(
+        "post",
+        "/v1/batches",
+        "Run a file of requests in the background class; its lines are validated first",
+        (
+            json_ok("The job: in_progress, or failed when no line can run (see its error file).", wire.BatchObject),
+            *error_outcomes(InvalidRequest, SchemaError, NotFound, BodyTooLarge, BodyTimeout),
+        ),
+        request=json_body(
+            ref(wire.BatchCreateBody),
+            {"create": {"input_file_id": "file-0", "endpoint": "/v1/completions", "completion_window": WINDOW}},
+        ),
+        structs=(wire.BatchObject, wire.BatchCreateBody),
+    ),
+    Operation(
+        "get",
+        "/v1/batches",
+        "The caller's jobs, newest first",
+        (json_ok("A page of jobs.", wire.BatchList), *error_outcomes(InvalidRequest)),
+        parameters=(
+            query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}, "Jobs per page (default 20)."),
+            query("after", {"type": "string"}, "The last job id of the previous page."),
+        ),
+        structs=(wire.BatchList,),
+    ),
+    Operation(
+        "get",
+        "/v1/batches/{batch_id}",
+        "One of the caller's jobs",
+        (json_ok("The job.", wire.BatchObject), *error_outcomes(NotFound)),
+        parameters=(_BATCH_ID,),
+        structs=(wire.BatchObject,),
+    ),
+    Operation(
+        "post",
+        "/v1/batches/{batch_id}/cancel",
+        "Cancel a job: its engine work is aborted and it ends cancelled with what was done",
+        (
+            json_ok("The job, cancelling or cancelled.", wire.BatchObject),
+            *error_outcomes(NotFound, Conflict),
+        ),
+        parameters=(_BATCH_ID,),
+        structs=(wire.BatchObject,),
+    ),
+)
+"""The batch routes' OpenAPI entries (documented when the app has a store)."""
+
+
+__all__ = ["ENDPOINTS", "OPERATIONS", "cancel", "create", "list_batches", "retrieve"]

@@ -27,6 +27,7 @@ from braid.store.db import Store
 from braid.store.records import FileRecord, new_id
 from braid.wire import files as wire
 from braid.wire.multipart import FileData, FileStart, FormReader, boundary_of
+from braid.wire.openapi import JsonSchema, Operation, Outcome, error_outcomes, ref
 
 FORM_OVERHEAD = 64 * 1024
 """Bytes a multipart body may carry beyond its file (boundaries, part headers, small fields)."""
@@ -246,13 +247,103 @@ async def content(store: Store, owner: str, file_id: str, *, now: int) -> FileCo
     return FileContent(record, handle, record.bytes)
 
 
+def path_id(name: str, example: str) -> JsonSchema:
+    """An object's id in the path (``{file_id}``, ``{batch_id}``)."""
+    return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}, "example": example}
+
+
+def query(name: str, schema: JsonSchema, description: str) -> JsonSchema:
+    return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
+
+
+def json_ok(description: str, struct: type[msgspec.Struct]) -> Outcome:
+    return Outcome(200, description, {"application/json": {"schema": ref(struct)}})
+
+
+_FILE_ID = path_id("file_id", "file-0")
+_MISSING = error_outcomes(NotFound)
+_UPLOAD_FORM: JsonSchema = {
+    "type": "object",
+    "required": ["purpose", "file"],
+    "properties": {
+        "purpose": {"const": "batch"},
+        "file": {"type": "string", "contentMediaType": "application/octet-stream"},
+        "expires_after[anchor]": {"const": "created_at"},
+        "expires_after[seconds]": {"type": "integer", "minimum": MIN_EXPIRY, "maximum": MAX_EXPIRY},
+    },
+}
+
+OPERATIONS = (
+    Operation(
+        "post",
+        "/v1/files",
+        "Upload a file (multipart form, purpose batch), kept until it expires (--file-retention)",
+        (
+            json_ok("The file object.", wire.FileObject),
+            *error_outcomes(InvalidRequest, BodyTooLarge, BodyTimeout),
+        ),
+        request={"required": True, "content": {"multipart/form-data": {"schema": _UPLOAD_FORM}}},
+        structs=(wire.FileObject,),
+    ),
+    Operation(
+        "get",
+        "/v1/files",
+        "The caller's files",
+        (json_ok("A page of file objects.", wire.FileList), *error_outcomes(InvalidRequest)),
+        parameters=(
+            query("order", {"enum": ["asc", "desc"]}, "desc (newest first, the default) or asc."),
+            query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_FILE_LIST}, "Files per page."),
+            query("after", {"type": "string"}, "The last file id of the previous page."),
+            query("purpose", {"type": "string"}, "Only files of this purpose."),
+        ),
+        structs=(wire.FileList,),
+    ),
+    Operation(
+        "get",
+        "/v1/files/{file_id}",
+        "One of the caller's files",
+        (json_ok("The file object.", wire.FileObject), *_MISSING),
+        parameters=(_FILE_ID,),
+        structs=(wire.FileObject,),
+    ),
+    Operation(
+        "delete",
+        "/v1/files/{file_id}",
+        "Delete one of the caller's files",
+        (json_ok("The file is deleted.", wire.FileDeleted), *_MISSING),
+        parameters=(_FILE_ID,),
+        structs=(wire.FileDeleted,),
+    ),
+    Operation(
+        "get",
+        "/v1/files/{file_id}/content",
+        "A file's bytes (a batch's output and error files too)",
+        (
+            Outcome(
+                200,
+                "The bytes as uploaded or written.",
+                {"application/octet-stream": {"schema": {"type": "string"}}},
+                ("Content-Length",),
+            ),
+            *_MISSING,
+        ),
+        parameters=(_FILE_ID,),
+    ),
+)
+"""The file routes' OpenAPI entries (documented when the app has a store)."""
+
+
 __all__ = [
+    "OPERATIONS",
     "FileContent",
     "clean_filename",
     "content",
     "delete",
+    "json_ok",
     "list_files",
     "page_limit",
+    "path_id",
+    "query",
     "retrieve",
     "upload",
 ]
