@@ -222,6 +222,7 @@ def test_a_batch_with_bad_lines_names_each_in_its_error_file(server: ServerProce
     assert job.id.startswith("batch_") and job.status == "in_progress" and job.metadata == {"run": "7"}
     assert job.request_counts is not None and (job.request_counts.total, job.request_counts.failed) == (10, 8)
     assert job.model == server.model and job.expires_at is not None and job.expires_at - job.created_at == 86_400
+    assert job.usage is None  # summed when the job ends
     job = _wait(client, job.id)
     assert job.status == "completed" and job.completed_at is not None and job.finalizing_at is not None
     assert (job.request_counts.total, job.request_counts.failed, job.request_counts.completed) == (10, 8, 2)
@@ -233,6 +234,14 @@ def test_a_batch_with_bad_lines_names_each_in_its_error_file(server: ServerProce
     by_id = {r["custom_id"]: r["response"]["body"] for r in done}
     assert len(by_id["ok-1"]["choices"]) == 2 and by_id["ok-1"]["object"] == "text_completion"
     assert by_id["ok-2"]["usage"]["completion_tokens"] == 1
+    # the job's usage is its answered lines' usage, summed
+    assert job.usage is not None
+    assert (job.usage.input_tokens, job.usage.output_tokens, job.usage.total_tokens) == (
+        sum(b["usage"]["prompt_tokens"] for b in by_id.values()),
+        sum(b["usage"]["completion_tokens"] for b in by_id.values()),
+        sum(b["usage"]["total_tokens"] for b in by_id.values()),
+    )
+    assert job.usage.output_tokens > 0 and job.usage.output_tokens_details.reasoning_tokens == 0
     rows = _rows(client, job.error_file_id)
     by_line = {r["line"]: r for r in rows}
     assert sorted(by_line) == [2, 3, 5, 6, 7, 8, 9, 10]

@@ -9,9 +9,9 @@ from pathlib import Path
 import attrs
 import pytest
 
-from braid.store.db import SCHEMA_VERSION, Store, StoreError, open_store
+from braid.store.db import MIGRATIONS, SCHEMA_VERSION, Store, StoreError, open_store
 from braid.store.options import StoreOptions
-from braid.store.records import BatchRecord, FileRecord, RequestCounts, new_id, owner_of
+from braid.store.records import BatchRecord, BatchUsage, FileRecord, RequestCounts, new_id, owner_of
 
 NOW = 1_800_000_000
 
@@ -47,6 +47,26 @@ async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
             pass
 
 
+async def test_a_version_1_database_is_migrated_keeping_its_jobs(tmp_path: Path) -> None:
+    (tmp_path / "store").mkdir()
+    conn = sqlite3.connect(tmp_path / "store" / "store.db")
+    for statement in MIGRATIONS[0]:
+        conn.execute(statement)
+    conn.execute(
+        "INSERT INTO batches (id, owner, endpoint, input_file_id, completion_window, status, created_at, "
+        "expires_at, total, completed, failed, metadata, errors, times) "
+        "VALUES ('batch_old', 'o', '/v1/completions', 'file-x', '24h', 'completed', 1, 2, 3, 3, 0, '[]', '[]', '{}')"
+    )
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    async with open_store(_options(tmp_path), NOW) as store:
+        old = await store.get_batch("o", "batch_old")
+    assert old is not None and (old.counts, old.usage) == (RequestCounts(3, 3, 0), None)
+    conn = sqlite3.connect(tmp_path / "store" / "store.db")
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+
+
 async def test_an_unusable_directory_is_one_clear_error(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("not a directory")
     with pytest.raises(StoreError, match="--storage-dir"):
@@ -65,12 +85,15 @@ async def test_records_survive_a_reopen_and_owners_are_apart(tmp_path: Path) -> 
             counts=RequestCounts(3, 1, 1), metadata=(("k", "v"),),
         )  # fmt: skip
         await store.add_batch(job)
+        ended = attrs.evolve(job, id=new_id("batch_"), status="completed", usage=BatchUsage(96, 32, 8, 2))
+        await store.add_batch(ended)
     async with open_store(_options(tmp_path), NOW) as store:
         assert await store.get_file(a, f.id, NOW) == f
         assert await store.get_file(b, f.id, NOW) is None
         assert store.path(f.id).read_bytes() == b"hello"
         assert store.used_bytes == 5
         assert await store.get_batch(a, job.id) == job
+        assert await store.get_batch(a, ended.id) == ended
         assert await store.get_batch(b, job.id) is None
         assert not await store.delete_file(b, f.id)
         assert await store.delete_file(a, f.id)

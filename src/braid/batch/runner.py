@@ -45,7 +45,7 @@ from braid.batch.validate import LineChecker, Refused, Runnable, answer_row, bod
 from braid.routes import chat, completions
 from braid.routes.common import AppState, JsonResponse, View
 from braid.store.db import Store
-from braid.store.records import BatchError, BatchRecord, FileRecord, RequestCounts
+from braid.store.records import BatchError, BatchRecord, BatchUsage, FileRecord, RequestCounts
 
 log = logging.getLogger("braid.batch")
 
@@ -68,6 +68,57 @@ class _CustomId(msgspec.Struct):
 
 
 _CUSTOM_ID = msgspec.json.Decoder(_CustomId)
+
+
+class _PromptDetails(msgspec.Struct):
+    cached_tokens: int | None = 0
+
+
+class _CompletionDetails(msgspec.Struct):
+    reasoning_tokens: int | None = 0
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    prompt_tokens_details: _PromptDetails | None = None
+    completion_tokens_details: _CompletionDetails | None = None
+
+
+class _Body(msgspec.Struct):
+    usage: _Usage | None = None
+
+
+class _Response(msgspec.Struct):
+    body: _Body | None = None
+
+
+class _Row(msgspec.Struct):
+    response: _Response | None = None
+
+
+_ROW = msgspec.json.Decoder(_Row)
+
+
+def usage_of(path: Path) -> BatchUsage:
+    """The tokens of a job's output rows, summed (OpenAI's batch ``usage``); for a worker thread.
+    Summed once, from the file, when the job ends: the file is what a restart keeps, so no count
+    is kept elsewhere that a crash could make differ from it."""
+    input_tokens = cached = output = reasoning = 0
+    if path.exists():
+        with open(path, "rb") as f:
+            for raw in f:
+                response = _ROW.decode(raw).response
+                usage = response.body.usage if response is not None and response.body is not None else None
+                if usage is None:
+                    continue
+                input_tokens += usage.prompt_tokens
+                output += usage.completion_tokens
+                if usage.prompt_tokens_details is not None:
+                    cached += usage.prompt_tokens_details.cached_tokens or 0
+                if usage.completion_tokens_details is not None:
+                    reasoning += usage.completion_tokens_details.reasoning_tokens or 0
+    return BatchUsage(input_tokens, cached, output, reasoning)
 
 
 def _derived_id(batch_id: str, kind: str) -> str:
@@ -373,6 +424,7 @@ class BatchRunner:
                 await store.move_batch(
                     attrs.evolve(current, status="finalizing", times=times), unless=("cancelling", "cancelled")
                 )
+            usage = await trio.to_thread.run_sync(usage_of, out_path)
             files: dict[str, str | None] = {}
             for kind, path in (("output", out_path), ("error", err_path)):
                 file_id = _derived_id(record.id, kind)
@@ -409,6 +461,7 @@ class BatchRunner:
                 counts=RequestCounts(current.counts.total, job.completed, job.failed),
                 output_file_id=files["output"],
                 error_file_id=files["error"],
+                usage=None if status == "failed" else usage,
             )
             await store.put_batch(final)
         self.state.metrics.batch_ended(status)
@@ -416,4 +469,4 @@ class BatchRunner:
         return final
 
 
-__all__ = ["BatchRunner", "default_in_flight", "read_done"]
+__all__ = ["BatchRunner", "default_in_flight", "read_done", "usage_of"]

@@ -45,6 +45,7 @@ from braid.store.records import (
     BatchError,
     BatchRecord,
     BatchTimes,
+    BatchUsage,
     FileRecord,
     RequestCounts,
 )
@@ -90,6 +91,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX batches_by_owner ON batches (owner, seq)",
         "CREATE INDEX batches_by_status ON batches (status)",
     ),
+    # 2: a job's token usage, summed when it ends (JSON; NULL before).
+    ("ALTER TABLE batches ADD COLUMN usage TEXT",),
 )
 """Each schema version's statements; the database's ``user_version`` is how many have run."""
 
@@ -103,7 +106,7 @@ class StoreError(Exception):
 _FILE_COLUMNS = "id, owner, filename, purpose, bytes, created_at, expires_at"
 _BATCH_COLUMNS = (
     "id, owner, endpoint, input_file_id, completion_window, status, created_at, expires_at, "
-    "total, completed, failed, metadata, errors, times, output_file_id, error_file_id, model"
+    "total, completed, failed, metadata, errors, times, output_file_id, error_file_id, model, usage"
 )
 
 
@@ -130,12 +133,13 @@ def _batch_row(b: BatchRecord) -> tuple[Any, ...]:
         b.output_file_id,
         b.error_file_id,
         b.model,
+        None if b.usage is None else json.dumps(attrs.asdict(b.usage)),
     )
 
 
 def _batch(row: Sequence[Any]) -> BatchRecord:
     (id_, owner, endpoint, input_file_id, window, status, created, expires, total, completed, failed) = row[:11]
-    metadata, errors, times, output_file_id, error_file_id, model = row[11:]
+    metadata, errors, times, output_file_id, error_file_id, model, usage = row[11:]
     return BatchRecord(
         id=id_,
         owner=owner,
@@ -152,6 +156,7 @@ def _batch(row: Sequence[Any]) -> BatchRecord:
         output_file_id=output_file_id,
         error_file_id=error_file_id,
         model=model,
+        usage=None if usage is None else BatchUsage(**json.loads(usage)),
     )
 
 

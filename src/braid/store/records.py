@@ -100,6 +100,16 @@ class BatchTimes:
 
 
 @attrs.frozen
+class BatchUsage:
+    """The tokens of a job's answered lines (OpenAI's batch ``usage``), summed when it ends."""
+
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+@attrs.frozen
 class BatchRecord:
     """One batch job."""
 
@@ -121,6 +131,8 @@ class BatchRecord:
     error_file_id: str | None = None
     model: str | None = None
     """The model the lines name, when they all name the same one."""
+    usage: BatchUsage | None = None
+    """Set when the job ends (its output file's rows summed); None before, or for a failed job."""
 
 
 __all__ = [
@@ -131,6 +143,7 @@ __all__ = [
     "BatchRecord",
     "BatchStatus",
     "BatchTimes",
+    "BatchUsage",
     "FilePurpose",
     "FileRecord",
     "RequestCounts",

@@ -14,7 +14,7 @@ from typing import Any, Literal
 import msgspec
 
 from braid.errors import InvalidRequest, SchemaError
-from braid.store.records import BatchRecord, FileRecord
+from braid.store.records import BatchRecord, BatchUsage, FileRecord
 
 
 class FileObject(msgspec.Struct, forbid_unknown_fields=True):
@@ -61,6 +61,22 @@ class BatchErrors(msgspec.Struct, forbid_unknown_fields=True):
     data: list[BatchErrorObject]
 
 
+class InputTokensDetails(msgspec.Struct, forbid_unknown_fields=True):
+    cached_tokens: int
+
+
+class OutputTokensDetails(msgspec.Struct, forbid_unknown_fields=True):
+    reasoning_tokens: int
+
+
+class BatchUsageObject(msgspec.Struct, forbid_unknown_fields=True):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
 class BatchObject(msgspec.Struct, forbid_unknown_fields=True):
     id: str
     object: Literal["batch"]
@@ -83,6 +99,8 @@ class BatchObject(msgspec.Struct, forbid_unknown_fields=True):
     request_counts: RequestCountsObject
     metadata: dict[str, str] | None
     model: str | None
+    usage: BatchUsageObject | None
+    """The tokens of the job's answered lines, once it has ended (null before, and when it failed)."""
 
 
 class BatchList(msgspec.Struct, forbid_unknown_fields=True):
@@ -172,6 +190,17 @@ def batch_object(b: BatchRecord) -> BatchObject:
         request_counts=RequestCountsObject(b.counts.total, b.counts.completed, b.counts.failed),
         metadata=dict(b.metadata) if b.metadata else None,
         model=b.model,
+        usage=None if b.usage is None else _usage(b.usage),
+    )
+
+
+def _usage(u: BatchUsage) -> BatchUsageObject:
+    return BatchUsageObject(
+        input_tokens=u.input_tokens,
+        input_tokens_details=InputTokensDetails(cached_tokens=u.cached_tokens),
+        output_tokens=u.output_tokens,
+        output_tokens_details=OutputTokensDetails(reasoning_tokens=u.reasoning_tokens),
+        total_tokens=u.input_tokens + u.output_tokens,
     )
 
 
