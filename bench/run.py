@@ -33,6 +33,7 @@ SECTIONS = (
     "stall",
     "admission",
     "classes",
+    "batch_jobs",
     "load",
     "sizing",
     "replicas",

@@ -15,6 +15,8 @@
     CPU environment as the servers, and times ``LLM.generate``. Its prompts are either token-id
     lists, or the random dataset of a ``vllm bench serve`` argv, rebuilt with vLLM's own
     ``get_samples`` after the same seeding ``vllm bench serve`` does, so they are the same prompts.
+  - ``run_batch``: ``vllm run-batch``'s engine, built once with the same settings, and its
+    ``run_batch`` function timed on an input file (the CLI's start-up left out).
 
 * ``python -m bench.vllm_tools cli bench serve --help`` runs the real vLLM CLI under the same
   patch (``cli`` may be followed by any ``vllm`` subcommand).
@@ -380,11 +382,45 @@ def _offline_worker() -> Any:
     return handle
 
 
+def _run_batch_worker() -> Any:
+    """``vllm run-batch``'s own code on one engine built once: each command runs the function the
+    CLI runs once its engine is up (``run_batch``), so a wall excludes the start-up exactly."""
+    import asyncio
+
+    patch_vllm_version()
+    from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
+    from vllm.entrypoints.launchers.run_batch import make_arg_parser, run_batch
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from tools.servers import SERVED_NAME, engine_settings, tiny_model_dir
+
+    argv = ["-i", "unset", "-o", "unset", "--model", str(tiny_model_dir()), "--served-model-name", SERVED_NAME]
+    for key, value in engine_settings().items():
+        flag = "--" + key.replace("_", "-")
+        argv += [flag] if value is True else [flag, str(value)]
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+    loop = asyncio.new_event_loop()
+    t0 = time.perf_counter()
+    engine = build_async_engine_client(args, usage_context=UsageContext.OPENAI_BATCH_RUNNER)
+    client = loop.run_until_complete(engine.__aenter__())
+    print(f"run-batch engine ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+
+    def handle(cmd: dict[str, Any]) -> dict[str, Any]:
+        args.input_file, args.output_file = cmd["input"], cmd["output"]
+        start = time.perf_counter()
+        loop.run_until_complete(run_batch(client, args))
+        return {"wall": time.perf_counter() - start}
+
+    return handle
+
+
 def _worker_main(kind: str) -> None:
     proto = os.fdopen(os.dup(1), "w")  # the reply pipe; everything vLLM prints goes to the log
     os.dup2(2, 1)
     sys.stdout = os.fdopen(1, "w", buffering=1)
-    handle = _bench_worker() if kind == "bench" else _offline_worker()
+    workers = {"bench": _bench_worker, "offline": _offline_worker, "run_batch": _run_batch_worker}
+    handle = workers[kind]()
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -411,4 +447,4 @@ if __name__ == "__main__":
     elif sys.argv[1:2] == ["cli"]:
         _cli_main(sys.argv[2:])
     else:
-        sys.exit("usage: python -m bench.vllm_tools (worker bench|worker offline|cli VLLM-ARGS...)")
+        sys.exit("usage: python -m bench.vllm_tools (worker bench|offline|run_batch | cli VLLM-ARGS...)")
