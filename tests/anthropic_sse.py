@@ -55,7 +55,8 @@ def check_framing(events: list[tuple[str, dict[str, Any]]]) -> None:
 
 def rebuild(events: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
     """The content blocks a client rebuilds from the stream (text, thinking and the calls'
-    ``input`` joined; signatures dropped)."""
+    ``input`` joined; signatures dropped). A call whose JSON is not whole keeps the text that
+    arrived, under ``"<partial json>"``."""
     blocks: list[dict[str, Any]] = []
     json_parts: dict[int, str] = {}
     for kind, data in events:
@@ -71,5 +72,8 @@ def rebuild(events: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
             elif d["type"] == "input_json_delta":
                 json_parts[data["index"]] = json_parts.get(data["index"], "") + d["partial_json"]
     for index, text in json_parts.items():
-        blocks[index]["input"] = json.loads(text)
+        try:
+            blocks[index]["input"] = json.loads(text)
+        except ValueError:  # a call cut short (max_tokens): what arrived
+            blocks[index]["input"] = {"<partial json>": text}
     return blocks

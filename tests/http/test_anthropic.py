@@ -129,3 +129,24 @@ async def test_keys_x_api_key_and_anthropics_401(nursery: trio.Nursery) -> None:
         assert chat.status_code == 401 and chat.json()["error"]["code"] == 401
     assert srv.engine.finished_total == 1
     srv.shutdown.set()
+
+
+async def test_anthropics_client_sends_its_key_as_x_api_key(nursery: trio.Nursery) -> None:
+    """The ``anthropic`` package itself, with a key: it sends ``x-api-key`` and no Authorization."""
+    import anthropic
+    from anthropic.types import MessageParam
+
+    hello: list[MessageParam] = [{"role": "user", "content": "Hello"}]
+    srv = await start_server(nursery, api_keys=(KEY,))
+    client = anthropic.AsyncAnthropic(base_url=srv.url, api_key=KEY, max_retries=0, timeout=10)
+    message = await client.messages.create(model="scripted", max_tokens=3, messages=hello)
+    assert message.type == "message" and message.usage.output_tokens == 3
+    async with client.messages.stream(model="scripted", max_tokens=3, messages=hello) as stream:
+        final = await stream.get_final_message()
+    assert [b.text for b in final.content] == [b.text for b in message.content]  # type: ignore[union-attr]
+    wrong = anthropic.AsyncAnthropic(base_url=srv.url, api_key="wrong", max_retries=0, timeout=10)
+    with pytest.raises(anthropic.AuthenticationError) as refused:
+        await wrong.messages.create(model="scripted", max_tokens=3, messages=hello)
+    body = refused.value.body
+    assert isinstance(body, dict) and body["type"] == "error" and body["error"]["type"] == "Unauthorized"
+    srv.shutdown.set()

@@ -22,7 +22,7 @@ sampling, template, tool and reasoning rules for both dialects. The translation 
 * ``tools`` become function tools (``input_schema`` the parameters, ``type: object`` added when it
   has no type); ``tool_choice`` ``auto``/``any``/``none``/``tool`` become ``"auto"``,
   ``"required"``, ``"none"`` and a named function, ``disable_parallel_tool_use`` the inverse of
-  ``parallel_tool_calls``.
+  ``parallel_tool_calls``; a ``tool_choice`` without ``tools`` is dropped.
 * ``thinking`` ``disabled`` sets the template's ``reasoning_effort`` to ``disabled_effort``
   (``"none"``, or ``"low"`` for a template that ignores ``"none"``: vLLM probes the template the
   same way, :func:`braid.routes.anthropic.template_traits`); ``enabled`` (a thinking token budget)
@@ -153,28 +153,25 @@ def _bad(message: str, param: str | None = None) -> InvalidRequest:
 
 
 def _check(b: CountTokensBody) -> None:
+    """vLLM's pydantic validators of the body: their faults are schema errors (``Bad Request``)."""
     if not b.model:
-        raise _bad("Model is required", "model")
+        raise SchemaError("Model is required", param="body.model")
     if b.tool_choice is not None and b.tool_choice.type == "tool" and not b.tool_choice.name:
-        raise _bad("tool_choice.name is required when type is 'tool'", "tool_choice")
+        raise SchemaError("tool_choice.name is required when type is 'tool'", param="body.tool_choice")
     if isinstance(b, MessagesBody):
         if b.max_tokens is msgspec.UNSET:
-            # msgspec's own message, where vLLM's pydantic locates it: the field is required
-            raise _schema_missing("max_tokens")
+            # decoded with a default so that the message names the field as pydantic's does
+            raise SchemaError("Field required: max_tokens", param="body.max_tokens")
         if b.max_tokens <= 0:
-            raise _bad("max_tokens must be positive", "max_tokens")
+            raise SchemaError("max_tokens must be positive", param="body.max_tokens")
         if isinstance(b.thinking, ThinkingEnabled) and b.thinking.budget_tokens >= b.max_tokens:
-            raise _bad("thinking.budget_tokens must be less than max_tokens", "thinking")
+            raise SchemaError("thinking.budget_tokens must be less than max_tokens", param="body")
     if isinstance(b.thinking, ThinkingEnabled):
         raise _bad(
             "thinking.type 'enabled' (a thinking token budget) is not supported by braid: "
             "use 'adaptive', or 'disabled'",
             "thinking",
         )
-
-
-def _schema_missing(field: str) -> InvalidRequest:
-    return SchemaError(f"Invalid request body: Object missing required field `{field}`", param=f"body.{field}")
 
 
 # -- the translation into chat's wire form (the JSON values a chat body would carry)
@@ -326,7 +323,8 @@ def chat_body(b: CountTokensBody, *, merge_inline_system: bool, disabled_effort:
     }
     if b.tools is not None:
         fields["tools"] = _tools(b.tools)
-    if b.tool_choice is not None:
+    if b.tool_choice is not None and b.tools is not None:
+        # without tools vLLM drops the choice (it sets it on its chat request after validation)
         fields["tool_choice"] = _tool_choice(b.tool_choice)
         fields["parallel_tool_calls"] = not b.tool_choice.disable_parallel_tool_use
     if isinstance(b, MessagesBody):

@@ -32,7 +32,7 @@ from typing import Any, Literal
 import attrs
 
 from braid.engine.tool_calls import ParsedDelta
-from braid.errors import BraidError, EngineError
+from braid.errors import BraidError, InvalidRequest
 from braid.wire.output import ChoiceChunk, CollectedChoice, ResponseMeta, Usage, encode
 
 ANTHROPIC_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
@@ -237,7 +237,11 @@ class AnthropicEvents:
             try:
                 arguments = json.loads(call.arguments)
             except ValueError:
-                raise EngineError(f"The model's call of {call.name!r} has arguments that are not JSON.") from None
+                # vLLM's answer too (a 400): the call was cut, by max_tokens or a stop string
+                raise InvalidRequest(
+                    f"The model's call of {call.name!r} ended before its arguments were whole JSON "
+                    "(cut by max_tokens or a stop sequence): raise max_tokens, or stream to see the partial call."
+                ) from None
             content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": arguments})
         if not content:
             content.append({"type": "text", "text": ""})  # Anthropic's shape of an empty answer
