@@ -110,6 +110,12 @@ def _cases() -> list[Case]:
         ),
     )
     add("metadata is ignored", _msg(metadata={"user_id": "u-1"}))
+    add("assistant last (a prefill)", _msg(messages=[*USER, {"role": "assistant", "content": "    return"}]))
+    add("max_tokens past the context", _msg(max_tokens=5000))
+    add("empty messages", _msg(messages=[]))
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    add("an image block (a text-only model)", _msg(messages=[{"role": "user", "content": [image]}]))
+    add("stop_sequences and tools, streamed", _msg(tools=[WEATHER], stop_sequences=["\n"], max_tokens=24, stream=True))
     # count_tokens
     add("count_tokens", {"model": MODEL, "messages": USER}, path=COUNT)
     add(

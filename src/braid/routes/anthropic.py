@@ -99,7 +99,10 @@ def template_traits(tokenizer: Tokenizer) -> TemplateTraits:
         merge = _renders(tokenizer, ("system", "user", "system", "user")) is None
         none = _renders(tokenizer, ("user",), reasoning_effort="none", enable_thinking=False)
         efforts = ("low", "medium", "high", "xhigh", "max")
-        ignored = none is None or any(_renders(tokenizer, ("user",), reasoning_effort=e) == none for e in efforts)
+        # as chat sets them (braid.wire.chat_request): enable_thinking follows the effort
+        ignored = none is None or any(
+            _renders(tokenizer, ("user",), reasoning_effort=e, enable_thinking=True) == none for e in efforts
+        )
         traits = TemplateTraits(merge_inline_system=merge, disabled_effort="low" if ignored else "none")
         _TRAITS[tokenizer] = traits
     return traits
