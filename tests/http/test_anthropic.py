@@ -11,7 +11,8 @@ from tests.anthropic_sse import check_framing, parse_anthropic_sse, rebuild
 from tests.helpers import LiveServer, start_server
 
 USER = [{"role": "user", "content": "Hello"}]
-LONG = {"max_tokens": 2000}
+# 1500 tokens of script (one a step, 10 ms each on these servers): a client leaves long before
+LONG = {"max_tokens": 2000, "messages": [{"role": "user", "content": f"<braid:say>{'x' * 1500}</braid:say>"}]}
 KEY = "sk-test"
 
 
@@ -89,6 +90,17 @@ async def test_a_disconnect_aborts_the_engine_request(nursery: trio.Nursery) -> 
             assert srv.engine.in_flight == 1
     await srv.wait_idle(2.0)
     assert srv.engine.aborted_total == 1 and srv.engine.in_flight == 0
+    srv.shutdown.set()
+
+
+async def test_a_client_gone_from_a_whole_answer_aborts_it_too(nursery: trio.Nursery) -> None:
+    srv = await start_server(nursery, token_delay=0.01)
+    async with httpx.AsyncClient(base_url=srv.url, timeout=0.5) as client:
+        with pytest.raises(httpx.ReadTimeout):
+            await client.post("/v1/messages", json=body(**LONG))
+    await srv.wait_idle(2.0)
+    assert srv.engine.aborted_total == 1 and srv.engine.in_flight == 0
+    assert srv.app.state.admission.in_use == 0
     srv.shutdown.set()
 
 
