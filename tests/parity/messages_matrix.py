@@ -96,6 +96,16 @@ def _cases() -> list[Case]:
         ),
     )
     add("top_p and top_k", _msg(top_p=0.5, top_k=5))
+    # no temperature: the model's generation_config decides it on both; top_k 1 keeps it greedy
+    add("no temperature, top_k 1", {k: v for k, v in _msg(top_k=1).items() if k != "temperature"})
+    add(
+        "tool_choice tool, disable_parallel_tool_use",
+        _msg(
+            tools=[WEATHER],
+            tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
+            max_tokens=48,
+        ),
+    )
     add("tool_choice none", _msg(tools=[WEATHER], tool_choice={"type": "none"}))
     add("thinking disabled", _msg(thinking={"type": "disabled"}))
     add("thinking adaptive, output_config effort", _msg(thinking={"type": "adaptive"}, output_config={"effort": "low"}))
