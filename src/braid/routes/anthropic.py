@@ -56,16 +56,12 @@ from braid.stream.render import ChoiceRenderer
 from braid.stream.tokenize import INLINE_CHARS, render_conversations
 from braid.wire import messages as chat_messages
 from braid.wire.anthropic import CountTokensBody, MessagesBody, parse_messages_body
-from braid.wire.anthropic_response import ANTHROPIC_PATHS, AnthropicEvents, error_body
+from braid.wire.anthropic_response import COUNT_TOKENS_PATH, MESSAGES_PATH, AnthropicEvents, error_body
 from braid.wire.chat_request import ChatRequest
 from braid.wire.completions_request import TextPrompt, TokenPrompt, build_request
 from braid.wire.messages import TemplateOptions, render
 from braid.wire.openapi import REQUEST_ERRORS, REQUEST_ID, Operation, Outcome, error_outcomes, json_body, ref
 from braid.wire.output import encode
-
-PATH = "/v1/messages"
-COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
-assert {PATH, COUNT_TOKENS_PATH} == ANTHROPIC_PATHS
 
 
 @attrs.frozen
@@ -104,7 +100,10 @@ def template_traits(tokenizer: Tokenizer) -> TemplateTraits:
             _renders(tokenizer, ("user",), reasoning_effort=e, enable_thinking=True) == none for e in efforts
         )
         traits = TemplateTraits(merge_inline_system=merge, disabled_effort="low" if ignored else "none")
-        _TRAITS[tokenizer] = traits
+        try:
+            _TRAITS[tokenizer] = traits
+        except TypeError:  # a tokenizer that takes no weak reference: probed on each request
+            pass
     return traits
 
 
@@ -261,11 +260,11 @@ _EXAMPLE = {"model": "braid-tiny", "max_tokens": 16, "messages": [{"role": "user
 
 ROUTES = (
     Route(
-        PATH,
+        MESSAGES_PATH,
         messages,
         Operation(
             "post",
-            PATH,
+            MESSAGES_PATH,
             "Create a message (Anthropic's Messages API), as vLLM serves it; errors in Anthropic's shape",
             (
                 Outcome(
@@ -304,4 +303,4 @@ ROUTES = (
 )
 
 
-__all__ = ["COUNT_TOKENS_PATH", "PATH", "ROUTES", "count_tokens", "messages", "template_traits"]
+__all__ = ["ROUTES", "count_tokens", "messages", "template_traits"]

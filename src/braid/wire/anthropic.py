@@ -148,10 +148,6 @@ _MESSAGES = msgspec.json.Decoder(MessagesBody)
 _COUNT = msgspec.json.Decoder(CountTokensBody)
 
 
-def _bad(message: str, param: str | None = None) -> InvalidRequest:
-    return InvalidRequest(message, param=param)
-
-
 def _check(b: CountTokensBody) -> None:
     """vLLM's pydantic validators of the body: their faults are schema errors (``Bad Request``)."""
     if not b.model:
@@ -167,10 +163,11 @@ def _check(b: CountTokensBody) -> None:
         if isinstance(b.thinking, ThinkingEnabled) and b.thinking.budget_tokens >= b.max_tokens:
             raise SchemaError("thinking.budget_tokens must be less than max_tokens", param="body")
     if isinstance(b.thinking, ThinkingEnabled):
-        raise _bad(
+        # braid has no thinking budget; refused rather than ignored (vLLM: without --reasoning-config too)
+        raise InvalidRequest(
             "thinking.type 'enabled' (a thinking token budget) is not supported by braid: "
             "use 'adaptive', or 'disabled'",
-            "thinking",
+            param="thinking",
         )
 
 

@@ -35,7 +35,9 @@ from braid.engine.tool_calls import ParsedDelta
 from braid.errors import BraidError, InvalidRequest
 from braid.wire.output import ChoiceChunk, CollectedChoice, ResponseMeta, Usage, encode
 
-ANTHROPIC_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
+MESSAGES_PATH = "/v1/messages"
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
+ANTHROPIC_PATHS = frozenset({MESSAGES_PATH, COUNT_TOKENS_PATH})
 """The routes that answer in Anthropic's shapes, their errors too (a 401 of :mod:`braid.http.auth`)."""
 
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
@@ -265,4 +267,4 @@ class AnthropicEvents:
         return encode(out)
 
 
-__all__ = ["ANTHROPIC_PATHS", "AnthropicEvents", "error_body", "stop_reason"]
+__all__ = ["ANTHROPIC_PATHS", "COUNT_TOKENS_PATH", "MESSAGES_PATH", "AnthropicEvents", "error_body", "stop_reason"]
