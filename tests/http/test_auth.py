@@ -23,6 +23,8 @@ BODIES = {
     "/tokenize": json.dumps({"messages": _CHAT}).encode(),
     "/detokenize": json.dumps({"tokens": [75, 108]}).encode(),
     "/invocations": json.dumps({"messages": _CHAT, "max_tokens": 2}).encode(),
+    "/v1/messages": json.dumps({"model": "scripted", "messages": _CHAT, "max_tokens": 2}).encode(),
+    "/v1/messages/count_tokens": json.dumps({"model": "scripted", "messages": _CHAT}).encode(),
 }
 
 
@@ -44,10 +46,16 @@ async def raw(server: LiveServer, head: str, body: bytes = b"") -> tuple[int, di
     return int(lines[0].split()[1]), headers, rest
 
 
-def assert_unauthorized(status: int, headers: dict[str, str], body: bytes) -> None:
+def assert_unauthorized(status: int, headers: dict[str, str], body: bytes, *, anthropic: bool = False) -> None:
+    """A 401 in vLLM's error shape, or (``anthropic``: on ``/v1/messages``) in Anthropic's."""
     assert status == 401, (status, body)
     assert headers["www-authenticate"] == "Bearer"
     assert headers["connection"] == "close"  # the body was not read: no keep-alive after it
+    if anthropic:
+        payload = json.loads(body)
+        assert payload["type"] == "error" and payload["error"]["type"] == "Unauthorized", payload
+        assert set(payload["error"]) == {"type", "message"} and payload["error"]["message"]
+        return
     error = json.loads(body)["error"]
     assert (error["type"], error["code"], error["param"]) == ("Unauthorized", 401, None)
     assert error["message"]
@@ -77,6 +85,8 @@ ROUTES = [
     ("GET", "/openapi.json"),
     ("GET", "/load"),  # open in vLLM; guarded like every route here (docs/deploy.md)
     ("GET", "/get_load"),
+    ("POST", "/v1/messages"),
+    ("POST", "/v1/messages/count_tokens"),
 ]
 
 
@@ -95,9 +105,24 @@ async def test_every_route_needs_a_right_key(guarded: LiveServer, method: str, p
             {"Authorization": "Bearer"},
             {"Authorization": "Basic a2V5LW9uZQ=="},
             {"Authorization": "Token key-one"},
+            {"x-api-key": "wrong"},
+            {"x-api-key": "Bearer key-one"},
+            # Authorization, when there is one, is the credential: a right x-api-key beside it is not read
+            {**bearer("wrong"), "x-api-key": "key-one"},
         ):
             r = await c.request(method, path, headers=headers, content=BODIES[path] if method == "POST" else None)
-            assert_unauthorized(r.status_code, {k.lower(): v for k, v in r.headers.items()}, r.content)
+            anthropic = path.startswith("/v1/messages")
+            assert_unauthorized(
+                r.status_code, {k.lower(): v for k, v in r.headers.items()}, r.content, anthropic=anthropic
+            )
+        # a braid extension: the key as Anthropic's clients send it, on every route
+        r = await c.request(
+            method,
+            path,
+            headers={"x-api-key": KEYS[1], "Content-Type": "application/json"},
+            content=BODIES[path] if method == "POST" else None,
+        )
+        assert r.status_code == 200, r.text
         for key in KEYS:
             r = await c.request(
                 method,

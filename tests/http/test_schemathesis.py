@@ -168,6 +168,8 @@ def test_every_route_conforms_to_the_document(keys: bool) -> None:
                 "POST /tokenize",
                 "POST /detokenize",
                 "POST /invocations",
+                "POST /v1/messages",
+                "POST /v1/messages/count_tokens",
             }
         }
         assert server.live.engine.finished_total > 0, "no request reached the engine"

@@ -250,6 +250,20 @@ def _request_id_names_the_response(braid: Reply, vllm: Reply, body: Any) -> list
     return problems
 
 
+def _messages_schema_error_shape(braid: Reply, vllm: Reply, body: Any) -> list[str]:
+    """vLLM answers a Messages body its pydantic schema refuses from its framework, in its OpenAI
+    error shape; braid answers every error of the route in Anthropic's. Same status and type."""
+    problems = []
+    vllm_error = vllm.body.get("error") if isinstance(vllm.body, dict) else None
+    if vllm.status != 400 or not isinstance(vllm_error, dict) or "code" not in vllm_error:
+        problems.append(f"vLLM no longer answers this with its OpenAI-shaped 400: {vllm.status} {vllm.body}")
+    if braid.status != 400 or not isinstance(braid.body, dict) or braid.body.get("type") != "error":
+        problems.append(f"braid should answer a 400 in Anthropic's shape, got {braid.status} {braid.body}")
+    elif isinstance(vllm_error, dict) and braid.body["error"].get("type") != vllm_error.get("type"):
+        problems.append(f"the error types differ: braid {braid.body['error']} vs vLLM {vllm_error}")
+    return problems
+
+
 DEVIATIONS: dict[str, Deviation] = {
     d.key: d
     for d in (
@@ -307,6 +321,11 @@ DEVIATIONS: dict[str, Deviation] = {
             "version_braid_version",
             "GET /version adds braid_version beside vLLM's version (the engine's vLLM)",
             _version_braid_version,
+        ),
+        Deviation(
+            "messages_schema_error_shape",
+            "/v1/messages: a body its schema refuses is a 400 in Anthropic's error shape (vLLM: its OpenAI shape)",
+            _messages_schema_error_shape,
         ),
         Deviation(
             "request_id_names_the_response",

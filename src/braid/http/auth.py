@@ -2,7 +2,9 @@
 
 The contract, when ``Settings.api_keys`` is not empty:
 
-* Every request needs ``Authorization: Bearer <key>`` with one of the keys: every route, an
+* Every request needs ``Authorization: Bearer <key>`` with one of the keys, or (a braid
+  extension, for Anthropic's clients) ``x-api-key: <key>`` when it has no ``Authorization``
+  header: every route, an
   unknown path (401, not 404), any method, a websocket. Deny by default: routes added later
   are guarded without being listed here.
 * The exemptions are exact: ``GET``/``HEAD`` of ``/health`` (probes carry no key), and of
@@ -11,7 +13,8 @@ The contract, when ``Settings.api_keys`` is not empty:
   ``/health/``, ``//health``, ``/%68ealth``, ``/health/../v1/models`` or an absolute-form target
   ``http://h/health`` need a key. The decision reads only the request target as the server
   parsed it, never the ``Host`` header or a URL rebuilt from it.
-* A missing or wrong key is a 401 in vLLM's error shape (:class:`~braid.errors.Unauthorized`)
+* A missing or wrong key is a 401 in vLLM's error shape (:class:`~braid.errors.Unauthorized`;
+  on Anthropic's routes, ``/v1/messages`` and ``/v1/messages/count_tokens``, in Anthropic's)
   with ``WWW-Authenticate: Bearer``, sent without reading the body, and on HTTP/1.1 with
   ``Connection: close``; a websocket is closed before it is accepted.
 * Keys are compared in constant time: the SHA-256 of the presented token against the SHA-256 of
@@ -41,7 +44,9 @@ from braid.errors import Unauthorized
 from braid.http.asgi import ASGIApp, Receive, Scope, Send
 from braid.settings import Settings
 from braid.store.records import owner_of
-from braid.wire.output import error_body
+from braid.wire.anthropic_response import ANTHROPIC_PATHS
+from braid.wire.anthropic_response import error_body as anthropic_error_body
+from braid.wire.output import encode, error_body
 
 _OPEN_METHODS = frozenset({"GET", "HEAD"})
 
@@ -97,7 +102,8 @@ class KeyGuard:
         elif kind == "websocket":
             await send({"type": "websocket.close", "code": 1008})
         else:
-            await _refuse(send, close=scope.get("http_version", "1.1").startswith("1"))
+            anthropic = scope["path"] in ANTHROPIC_PATHS
+            await _refuse(send, close=scope.get("http_version", "1.1").startswith("1"), anthropic=anthropic)
 
     def _exempt(self, scope: Scope) -> bool:
         if scope["type"] != "http" or scope["method"] not in _OPEN_METHODS:
@@ -107,12 +113,21 @@ class KeyGuard:
 
     def _match(self, scope: Scope) -> tuple[bool, bytes] | None:
         """None: no valid key; else whether the key presented is a background key, and the key."""
-        values = [v for k, v in scope["headers"] if k.lower() == b"authorization"]
-        if len(values) != 1:
-            return None
-        scheme, _, token = values[0].strip().partition(b" ")
-        if scheme.lower() != b"bearer":
-            return None
+        headers = scope["headers"]
+        values = [v for k, v in headers if k.lower() == b"authorization"]
+        if values:
+            if len(values) != 1:
+                return None
+            scheme, _, token = values[0].strip().partition(b" ")
+            if scheme.lower() != b"bearer":
+                return None
+        else:
+            # Anthropic's clients send the key as x-api-key; read only without Authorization,
+            # so that a request presents one credential, never two that could disagree.
+            values = [v for k, v in headers if k.lower() == b"x-api-key"]
+            if len(values) != 1:
+                return None
+            token = values[0]
         presented = _digest(token.strip())
         ok = background = False
         for digest, is_background in self._digests:  # every key, every time: no early exit on a match
@@ -122,8 +137,9 @@ class KeyGuard:
         return (background, token.strip()) if ok else None
 
 
-async def _refuse(send: Send, *, close: bool) -> None:
-    body = error_body(Unauthorized("Missing or invalid API key: send Authorization: Bearer <key>."))
+async def _refuse(send: Send, *, close: bool, anthropic: bool = False) -> None:
+    err = Unauthorized("Missing or invalid API key: send Authorization: Bearer <key> (or x-api-key: <key>).")
+    body = encode(anthropic_error_body(err)) if anthropic else error_body(err)
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),

@@ -50,6 +50,9 @@ class StreamMerger:
     renderer: ChoiceRenderer
     events: ChoiceEvents
     phase: Phase = Phase.STREAMING
+    done: bytes = DONE
+    """What ends the stream after its usage or error event: ``[DONE]`` in OpenAI's dialects;
+    nothing in Anthropic's, whose own last event (``message_stop``) ends it."""
     _opened: bool = attrs.field(init=False, default=False)
     _prompt_tokens: tuple[int, ...] = attrs.field(init=False)
 
@@ -91,13 +94,13 @@ class StreamMerger:
             raise ProtocolViolation("the stream ended before every choice finished")
         self.phase = Phase.DONE
         if self.plan.include_usage:
-            return self.events.usage(usage_of(self.plan, self.renderer)) + DONE
-        return DONE
+            return self.events.usage(usage_of(self.plan, self.renderer)) + self.done
+        return self.done
 
     def fail(self, err: BraidError) -> bytes:
         self._require_streaming()
         self.phase = Phase.DONE
-        return self.events.error(err) + DONE
+        return self.events.error(err) + self.done
 
 
 @attrs.define

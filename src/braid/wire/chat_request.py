@@ -264,6 +264,23 @@ def parse_chat(
     ``parsers``: the server's tool and reasoning flags, which decide what ``tool_choice`` may be.
     """
     b: ChatBody = decode_body(body, _DECODER)
+    return validate_chat(
+        b, limits, max_model_len=max_model_len, batch=batch, trust_template=trust_template, parsers=parsers
+    )
+
+
+def validate_chat(
+    b: ChatBody,
+    limits: Limits,
+    *,
+    max_model_len: int,
+    batch: bool = False,
+    trust_template: bool = False,
+    parsers: ParserOptions = _NO_PARSERS,
+) -> ChatRequest:
+    """:func:`parse_chat` of a body already decoded: the checks after the schema's. Another
+    dialect that is chat underneath (``/v1/messages``: :mod:`braid.wire.anthropic`) builds its
+    :class:`ChatBody` and is checked here, by the same rules."""
     _check_chat(b, trust_template=trust_template)
     tools = parse_tools(b.tools)
     template = TemplateOptions(
@@ -321,4 +338,4 @@ def parse_chat(
     )
 
 
-__all__ = ["ChatBody", "ChatRequest", "ToolChoice", "ToolMode", "parse_chat", "tool_choice_of"]
+__all__ = ["ChatBody", "ChatRequest", "ToolChoice", "ToolMode", "parse_chat", "tool_choice_of", "validate_chat"]

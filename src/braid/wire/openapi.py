@@ -62,6 +62,9 @@ class Operation:
     parameters: tuple[JsonSchema, ...] = ()
     structs: tuple[type[msgspec.Struct], ...] = ()
     """Every Struct its schemas refer to (they go into the document's components)."""
+    unauthorized: Outcome | None = None
+    """Its 401 when the app has keys, for a route with an error shape of its own (Anthropic's);
+    None: vLLM's."""
     required: tuple[tuple[type[msgspec.Struct], str], ...] = ()
     """Body fields required of a client that the decoder gives a default, so that it can report
     a missing one itself (a 400 naming it): marked required, their default dropped."""
@@ -205,7 +208,7 @@ def _components(operations: Sequence[Operation]) -> dict[str, JsonSchema]:
 def _responses(op: Operation, guarded: bool) -> JsonSchema:
     outcomes = op.outcomes
     if guarded:
-        outcomes = (*outcomes, *error_outcomes(errors.Unauthorized))
+        outcomes = (*outcomes, *((op.unauthorized,) if op.unauthorized else error_outcomes(errors.Unauthorized)))
     out: JsonSchema = {}
     for o in sorted(outcomes, key=lambda o: o.status):
         entry: JsonSchema = {"description": o.description}

@@ -1,0 +1,103 @@
+"""Anthropic's own client (the ``anthropic`` package) against braid on the real engine (issue 31
+§5): ``messages.create`` and ``messages.stream``, text and a forced tool call, parsed by the
+client's own models. One shared server (the tier's ``vllm_server``, pythonic's tool parser);
+about 5 s of engine time in all. The key sent as ``x-api-key`` is checked on the scripted engine
+(tests/http/test_anthropic.py), since the tier's shared server has no keys."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anthropic
+import pytest
+
+from tests.helpers import VllmServer
+
+pytestmark = pytest.mark.vllm
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+
+
+def client(server: VllmServer) -> anthropic.Anthropic:
+    # The client adds /v1/messages to the base URL; its key goes out as x-api-key (unchecked here).
+    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+
+
+def test_create_and_stream_agree(vllm_server: VllmServer) -> None:
+    c = client(vllm_server)
+    kwargs: dict[str, Any] = {
+        "model": vllm_server.model,
+        "max_tokens": 12,
+        "extra_body": {"temperature": 0},  # this client version has no temperature argument
+        "system": "You write Python.",
+        "messages": [{"role": "user", "content": "def parse(self, data):"}],
+    }
+    message = c.messages.create(**kwargs)
+    assert message.type == "message" and message.role == "assistant"
+    assert message.stop_reason == "max_tokens" and message.usage.output_tokens == 12
+    (block,) = message.content
+    assert block.type == "text" and block.text
+    with c.messages.stream(**kwargs) as stream:
+        texts = list(stream.text_stream)
+        final = stream.get_final_message()
+    assert "".join(texts) == block.text
+    assert [b.text for b in final.content if b.type == "text"] == [block.text] and len(final.content) == 1
+    assert final.stop_reason == "max_tokens"
+    assert final.usage.input_tokens == message.usage.input_tokens
+    counted = c.messages.count_tokens(model=vllm_server.model, system=kwargs["system"], messages=kwargs["messages"])
+    assert counted.input_tokens == message.usage.input_tokens
+
+
+def test_a_forced_tool_call_whole_and_streamed(vllm_server: VllmServer) -> None:
+    c = client(vllm_server)
+    kwargs: dict[str, Any] = {
+        "model": vllm_server.model,
+        "max_tokens": 48,
+        "extra_body": {"temperature": 0},  # this client version has no temperature argument
+        "tools": [WEATHER],
+        "tool_choice": {"type": "tool", "name": "get_weather"},
+        # greedy, the tiny model closes its call on this prompt (parity's "tool_choice tool" case);
+        # on others its grammar lets it write whitespace until max_tokens
+        "messages": [{"role": "user", "content": "def parse(self, data):"}],
+    }
+    message = c.messages.create(**kwargs)
+    calls = [b for b in message.content if b.type == "tool_use"]
+    assert message.stop_reason == "tool_use", message
+    (call,) = calls
+    assert call.name == "get_weather" and call.input["city"] in ("Paris", "Oslo")
+    with c.messages.stream(**kwargs) as stream:
+        final = stream.get_final_message()
+    (streamed,) = [b for b in final.content if b.type == "tool_use"]
+    assert (streamed.name, streamed.input) == (call.name, call.input)
+    assert final.stop_reason == "tool_use"
+    # the result goes back in Anthropic's shape, and the conversation goes on
+    follow = c.messages.create(
+        **{
+            **kwargs,
+            "tool_choice": {"type": "none"},
+            "max_tokens": 4,
+            "messages": [
+                *kwargs["messages"],
+                {"role": "assistant", "content": [b.model_dump() for b in message.content]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "sunny"}]},
+            ],
+        }
+    )
+    assert follow.stop_reason == "max_tokens" and follow.usage.input_tokens > message.usage.input_tokens
+
+
+def test_errors_reach_the_client_as_its_exceptions(vllm_server: VllmServer) -> None:
+    c = client(vllm_server)
+    with pytest.raises(anthropic.NotFoundError):
+        c.messages.create(model="nope", max_tokens=4, messages=[{"role": "user", "content": "Hi"}])
+    with pytest.raises(anthropic.BadRequestError):
+        c.messages.create(model=vllm_server.model, max_tokens=0, messages=[{"role": "user", "content": "Hi"}])
