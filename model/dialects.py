@@ -28,7 +28,8 @@ Rules of the Messages stream (``MESSAGES_RULES``):
 * M1 every block is ``event: T`` then ``data: {..."type": T...}``;
 * M2 ``message_start`` first; then content blocks; exactly one ``message_delta`` (the stop
   reason and usage), then exactly one ``message_stop``, the last event; or an ``error`` event,
-  the last; ``ping`` may come anywhere before the end;
+  the last (the only one when the request failed before its first token, as vLLM's stream);
+  ``ping`` may come anywhere before the end;
 * M3 content blocks are opened (``content_block_start``) with ``index`` 0, 1, ... in order, one
   at a time; every delta is for the open block and of its kind (``text_delta`` in a ``text``
   block, ``input_json_delta`` in a ``tool_use`` block, ``thinking_delta`` or ``signature_delta``
@@ -249,7 +250,7 @@ def _check_messages(events: list[NamedEvent]) -> Iterable[str]:
     yield from _named(events, "M1")
     datas = [d for _, d in events if isinstance(d, dict) and d.get("type") != "ping"]
     types = [d.get("type") for d in datas]
-    if not types or types[0] != "message_start":
+    if types != ["error"] and (not types or types[0] != "message_start"):
         yield f"M2: the first event is {types[0] if types else None!r}, not message_start"
     errors = [i for i, t in enumerate(types) if t == "error"]
     stops = [i for i, t in enumerate(types) if t == "message_stop"]
