@@ -32,6 +32,7 @@ from braid.http import load as load_tracking
 from braid.http.auth import BACKGROUND
 from braid.metrics import EngineFamilies, Metrics
 from braid.routes import chat, completions, invocations, load, lora, tokenize, tokenizer_info
+from braid.routes import responses as responses_api
 from braid.routes.common import AppState, JsonResponse, Route, ViewResult, error_headers
 from braid.settings import Settings
 from braid.store.db import Store
@@ -60,7 +61,13 @@ class BraidApp(QuartTrio):
         return self.extensions.get("braid.batches")
 
 
-POST_ROUTES: tuple[Route, ...] = (*completions.ROUTES, *chat.ROUTES, *tokenize.ROUTES, *invocations.ROUTES)
+POST_ROUTES: tuple[Route, ...] = (
+    *completions.ROUTES,
+    *chat.ROUTES,
+    *tokenize.ROUTES,
+    *invocations.ROUTES,
+    *responses_api.ROUTES,
+)
 """Every POST route of the API, each declared beside its view (its path, view and OpenAPI entry)."""
 
 OPERATIONS: tuple[openapi.Operation, ...] = (

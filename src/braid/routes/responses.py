@@ -1,0 +1,179 @@
+"""``POST /v1/responses``: OpenAI's Responses API on the chat pipeline, as vLLM 0.32 serves it.
+
+The request is validated into a chat request (:mod:`braid.wire.responses_request`), then takes
+chat's data path unchanged: admission before the body is read, the model's chat template, the
+request's tool and reasoning parsers (:mod:`braid.routes.chat`), the plan, the run with its aborts
+on disconnect and its deadline, the renderer and the merger. Only the shapes differ
+(:mod:`braid.wire.responses_response`): the ``response`` object, or its event stream, which
+:class:`ResponsesMerger` ends as the Responses API does.
+
+What vLLM's Responses server does differently from its chat server, and braid with it: a forced
+call (``"required"``, a named function) is constrained by the parser's JSON schema, which the
+response then repeats as its ``text.format``; the engine is not told whether the prompt ended
+the reasoning (chat tells it), only the parser's template kwargs; a prompt that fills the
+context is a 400 naming ``input``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import attrs
+import trio
+
+from braid.errors import BraidError, InvalidRequest
+from braid.routes.chat import choice_parsing, constrain, request_parsers
+from braid.routes.common import (
+    AppState,
+    Route,
+    ViewResult,
+    admit,
+    check_deadline,
+    collect,
+    error_response,
+    open_run,
+    plan_request,
+    stream,
+)
+from braid.stream.merge import Phase, ProtocolViolation, ResponseCollector, StreamMerger, usage_of
+from braid.stream.parse import ChoiceParsing
+from braid.stream.plan import Plan
+from braid.stream.render import ChoiceRenderer
+from braid.stream.tokenize import render_conversations
+from braid.wire.completions_request import TextPrompt, build_request
+from braid.wire.openapi import GENERATION_ERRORS, REQUEST_ID, Operation, Outcome, json_body, ref
+from braid.wire.responses_request import ResponsesBody, ResponsesRequest, parse_responses, tool_calling_text
+from braid.wire.responses_response import ResponsesEvents, ResponsesShape
+
+
+@attrs.define
+class ResponsesMerger(StreamMerger):
+    """The stream of a Responses plan: chat's merger, ended as the Responses API ends a stream
+    (the open item's closing events and ``response.completed``, or an ``error`` event; no usage
+    chunk, no ``[DONE]``)."""
+
+    def finish(self) -> bytes:
+        self._require_streaming()
+        if not self.renderer.all_finished:
+            raise ProtocolViolation("the stream ended before every choice finished")
+        self.phase = Phase.DONE
+        assert isinstance(self.events, ResponsesEvents)
+        return self.events.closing(usage_of(self.plan, self.renderer))
+
+    def fail(self, err: BraidError) -> bytes:
+        self._require_streaming()
+        self.phase = Phase.DONE
+        return self.events.error(err)
+
+
+async def create_response(
+    state: AppState,
+    read_body: Callable[[], Awaitable[bytes]],
+    *,
+    content_type: str | None,
+    request_id: str | None,
+    background: bool = False,
+) -> ViewResult:
+    """Answer one Responses request as :func:`braid.routes.chat.chat_completions` answers a chat
+    request: the same admission, plan, run, errors and cancellation."""
+    try:
+        ticket, arrived, deadline = admit(state, content_type, request_id, background)
+        try:
+            req = parse_responses(
+                await read_body(),
+                state.limits,
+                max_model_len=state.engine.info.max_model_len,
+                parsers=state.settings.parsers,
+            )
+            plan, parsing, shape = await _prepare(state, req, request_id, deadline)
+        except BaseException:
+            ticket.close()
+            raise
+        run = open_run(state, plan, ticket, arrived, deadline, None if parsing is None else parsing.observer)
+        renderer = ChoiceRenderer(plan, state.engine.tokenizer, chat_top=req.chat.top_logprobs, parsing=parsing)
+        events = ResponsesEvents(plan.meta, shape, state.new_id)
+        if plan.stream:
+            return stream(run, ResponsesMerger(plan, renderer, events))
+        return await collect(run, request_id, ResponseCollector(plan, renderer, events))
+    except BraidError as err:
+        return error_response(err)
+
+
+async def _prepare(
+    state: AppState, req: ResponsesRequest, request_id: str | None, deadline: float
+) -> tuple[Plan, ChoiceParsing | None, ResponsesShape]:
+    """Render, constrain and plan a validated request: its plan, its parsing (None without
+    parsers) and what its response adds."""
+    chat = req.chat
+    with trio.move_on_at(deadline):
+        texts = await render_conversations(chat, state.engine.tokenizer, state.tokenize_limiter)
+    check_deadline(deadline, state.settings.request_timeout)
+    parsers = request_parsers(state, chat)
+    body, structured = chat.body, chat.structured
+    text = req.echo.text
+    if parsers is not None:
+        body, structured = constrain(parsers, chat)
+        if structured is not None and structured.source == "tool_choice" and structured.json is not None:
+            text = tool_calling_text(structured.json)
+    creq = build_request(
+        body, tuple(TextPrompt(t) for t in texts), state.limits, structured, max_tokens_param="max_output_tokens"
+    )
+    try:
+        plan = await plan_request(state, creq, request_id, deadline, "resp")
+    except InvalidRequest as err:
+        if err.param in ("input_tokens", "input_text"):
+            err.param = "input"  # vLLM's Responses server names the input
+        raise
+    response_id = req.request_id or f"resp_{state.new_id()[:16]}"
+    # vLLM's Responses usage always reports the prompt tokens found in the prefix cache.
+    plan = attrs.evolve(plan, meta=attrs.evolve(plan.meta, id=response_id), cached_tokens=True)
+    parsing = None
+    if parsers is not None:
+        if state.settings.parsers.reasoning_parser is not None:
+            items = []
+            for item in plan.items:
+                _, kwargs = parsers.engine_reasoning(item.request.prompt_token_ids)
+                items.append(attrs.evolve(item, request=attrs.evolve(item.request, reasoning_parser_kwargs=kwargs)))
+            plan = attrs.evolve(plan, items=tuple(items))
+        parsing = choice_parsing(state, chat, plan, parsers)
+    shape = ResponsesShape(
+        req.echo,
+        max_output_tokens=plan.items[0].request.params.max_tokens,
+        text=text,
+        parsed=parsing is not None,
+    )
+    return plan, parsing, shape
+
+
+_RESPONSE_SCHEMA = {"type": "object", "description": "A `response` object (OpenAI's Responses API)."}
+
+ROUTES = (
+    Route(
+        "/v1/responses",
+        create_response,
+        Operation(
+            "post",
+            "/v1/responses",
+            "Create a model response (OpenAI's Responses API), as vLLM serves it",
+            (
+                Outcome(
+                    200,
+                    "The response; with `stream`, its server-sent events (`response.created` ... "
+                    "`response.completed`).",
+                    {"application/json": {"schema": _RESPONSE_SCHEMA}, "text/event-stream": {}},
+                    ("X-Request-Id",),
+                ),
+                *GENERATION_ERRORS,
+            ),
+            request=json_body(
+                ref(ResponsesBody), {"example": {"input": "Say this is a test", "max_output_tokens": 16}}
+            ),
+            parameters=(REQUEST_ID,),
+            structs=(ResponsesBody,),
+        ),
+        reports_load=True,
+    ),
+)
+
+
+__all__ = ["ROUTES", "ResponsesMerger", "create_response"]
