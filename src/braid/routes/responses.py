@@ -10,8 +10,8 @@ on disconnect and its deadline, the renderer and the merger. Only the shapes dif
 What vLLM's Responses server does differently from its chat server, and braid with it: a forced
 call (``"required"``, a named function) is constrained by the parser's JSON schema, which the
 response then repeats as its ``text.format``; the engine is not told whether the prompt ended
-the reasoning (chat tells it), only the parser's template kwargs; a prompt that fills the
-context is a 400 naming ``input``.
+the reasoning (chat tells it), only the parser's template kwargs; the prompt is tokenized with
+the tokenizer's special tokens.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 import attrs
 import trio
 
-from braid.errors import BraidError, InvalidRequest
+from braid.errors import BraidError
 from braid.routes.chat import choice_parsing, constrain, request_parsers
 from braid.routes.common import (
     AppState,
@@ -118,12 +118,7 @@ async def _prepare(
     creq = build_request(
         body, tuple(TextPrompt(t) for t in texts), state.limits, structured, max_tokens_param="max_output_tokens"
     )
-    try:
-        plan = await plan_request(state, creq, request_id, deadline, "resp")
-    except InvalidRequest as err:
-        if err.param in ("input_tokens", "input_text"):
-            err.param = "input"  # vLLM's Responses server names the input
-        raise
+    plan = await plan_request(state, creq, request_id, deadline, "resp")
     response_id = req.request_id or f"resp_{state.new_id()[:16]}"
     # vLLM's Responses usage always reports the prompt tokens found in the prefix cache.
     plan = attrs.evolve(plan, meta=attrs.evolve(plan.meta, id=response_id), cached_tokens=True)

@@ -103,6 +103,7 @@ class ResponsesBody(msgspec.Struct, frozen=True):
 _DECODER = msgspec.json.Decoder(ResponsesBody)
 _NO_PARSERS = ParserOptions()
 
+_FORMAT_LOC = "body.text.format.ResponseFormatText.type"
 _REASONING_KEYS = ("context", "effort", "generate_summary", "mode", "summary")
 _EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 
@@ -242,7 +243,8 @@ def _messages(instructions: str | None, value: object) -> tuple[list[dict[str, A
 
 def _function_tool(t: object, i: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """A flat function tool: (chat's tool, vLLM's dump of it for the response)."""
-    loc = f"body.tools.{i}"
+    # pydantic locates a fault in the first member of vLLM's tool union: FunctionTool
+    loc = f"body.tools.{i}.FunctionTool"
     if not isinstance(t, dict):
         raise SchemaError("a tool must be an object.", param=loc)
     if t.get("type") != "function":
@@ -317,21 +319,15 @@ def _text_format(text: dict[str, Any] | None) -> tuple[dict[str, Any] | None, di
     echo: dict[str, Any] = {"format": None, "verbosity": text.get("verbosity")}
     if fmt is None:
         return None, echo
-    if not isinstance(fmt, dict):
-        raise SchemaError("text.format must be an object.", param="body.text.format")
-    kind = fmt.get("type")
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
     if kind == "text":
         echo["format"] = {"type": "text"}
         return None, echo
     if kind == "json_object":
         echo["format"] = {"type": "json_object"}
         return {"type": "json_object"}, echo
-    if kind == "json_schema":
-        name, schema = fmt.get("name"), fmt.get("schema")
-        if not isinstance(name, str):
-            raise SchemaError("text.format needs a string `name`.", param="body.text.format.json_schema.name")
-        if not isinstance(schema, dict):
-            raise SchemaError("text.format needs an object `schema`.", param="body.text.format.json_schema.schema")
+    if kind == "json_schema" and isinstance(fmt.get("name"), str) and isinstance(fmt.get("schema"), dict):
+        name, schema = fmt["name"], fmt["schema"]
         echo["format"] = {
             "name": name,
             "schema": schema,
@@ -340,8 +336,10 @@ def _text_format(text: dict[str, Any] | None) -> tuple[dict[str, Any] | None, di
             "strict": fmt.get("strict"),
         }
         return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}, echo
+    # vLLM's pydantic locates any fault at the first member of the format union
     raise SchemaError(
-        "text.format.type must be one of 'text', 'json_object', 'json_schema'.", param="body.text.format.type"
+        "text.format must be {type: text}, {type: json_object} or {type: json_schema, name, schema}.",
+        param=_FORMAT_LOC,
     )
 
 

@@ -1,0 +1,71 @@
+"""``/v1/responses`` against vLLM's own server: every case matches or is a documented deviation.
+
+Run with the rest of the parity tier (the shared braid and vLLM servers, tools/servers.py);
+the results join the tier's table (tests/parity/report.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.parity.compare import Reply
+from tests.parity.deviations import DEVIATIONS
+from tests.parity.matrix import Case
+from tests.parity.report import RESULTS, Result
+from tests.parity.responses_cases import RESPONSES_CASES
+from tests.parity.responses_compare import compare, stream_view
+from tools.servers import ServerProcess
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module")
+def http() -> Iterator[httpx.Client]:
+    with httpx.Client(timeout=300) as c:
+        yield c
+
+
+def send(client: httpx.Client, base_url: str, case: Case) -> Reply:
+    body = case.body if isinstance(case.body, bytes) else json.dumps(case.body).encode()
+    with client.stream("POST", base_url + case.path, content=body, headers={"content-type": case.content_type}) as r:
+        raw = r.read()
+    content_type = r.headers.get("content-type", "")
+    parsed = None
+    if not content_type.startswith("text/event-stream"):
+        try:
+            parsed = json.loads(raw) if raw else None
+        except ValueError:
+            parsed = {"unparsed": raw[:200].decode(errors="replace")}
+    return Reply(r.status_code, content_type, body=parsed, raw=raw)
+
+
+@pytest.mark.parametrize("case", RESPONSES_CASES, ids=[c.name for c in RESPONSES_CASES])
+def test_responses_case(case: Case, vllm_server: object, vllm_reference: ServerProcess, http: httpx.Client) -> None:
+    braid = send(http, vllm_server.url, case)  # type: ignore[attr-defined]
+    vllm = send(http, vllm_reference.url, case)
+    if case.deviation is None:
+        problems = compare(braid, vllm)
+        outcome = "match" if not problems else "mismatch"
+    else:
+        problems = DEVIATIONS[case.deviation].check(braid, vllm, case.body)
+        outcome = "deviation" if not problems else "mismatch"
+    if braid.status == 200 and braid.content_type.startswith("text/event-stream"):
+        # the framing, whatever vLLM does: numbered from 0, named as typed, no [DONE]
+        framing = stream_view(braid.raw)
+        if not (framing["sequence_numbers_count_up"] and framing["event_names_match"]) or framing["done_lines"]:
+            problems = [*problems, f"braid's event framing is broken: {framing}"]
+            outcome = "mismatch"
+    detail = case.deviation or ""
+    if problems:
+        detail = "; ".join(problems[:3])
+    RESULTS.append(Result(case.name, case.group, outcome, detail))
+    assert not problems, "\n".join(problems[:20])
+
+
+def test_cases_are_many_and_named_once() -> None:
+    assert len(RESPONSES_CASES) >= 40
+    assert len({c.name for c in RESPONSES_CASES}) == len(RESPONSES_CASES)
