@@ -23,6 +23,7 @@ BODIES = {
     "/tokenize": json.dumps({"messages": _CHAT}).encode(),
     "/detokenize": json.dumps({"tokens": [75, 108]}).encode(),
     "/invocations": json.dumps({"messages": _CHAT, "max_tokens": 2}).encode(),
+    "/v1/responses": json.dumps({"input": "Hi", "max_output_tokens": 2}).encode(),
 }
 
 
@@ -77,6 +78,7 @@ ROUTES = [
     ("GET", "/openapi.json"),
     ("GET", "/load"),  # open in vLLM; guarded like every route here (docs/deploy.md)
     ("GET", "/get_load"),
+    ("POST", "/v1/responses"),
 ]
 
 

@@ -168,6 +168,7 @@ def test_every_route_conforms_to_the_document(keys: bool) -> None:
                 "POST /tokenize",
                 "POST /detokenize",
                 "POST /invocations",
+                "POST /v1/responses",
             }
         }
         assert server.live.engine.finished_total > 0, "no request reached the engine"
