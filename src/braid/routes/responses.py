@@ -22,7 +22,7 @@ import attrs
 import trio
 
 from braid.errors import BraidError
-from braid.routes.chat import choice_parsing, constrain, request_parsers
+from braid.routes.chat import constrain, request_parsers
 from braid.routes.common import (
     AppState,
     Route,
@@ -36,7 +36,7 @@ from braid.routes.common import (
     stream,
 )
 from braid.stream.merge import Phase, ProtocolViolation, ResponseCollector, StreamMerger, usage_of
-from braid.stream.parse import ChoiceParsing
+from braid.stream.parse import ChoiceParsing, ParsingOptions
 from braid.stream.plan import Plan
 from braid.stream.render import ChoiceRenderer
 from braid.stream.tokenize import render_conversations
@@ -64,6 +64,16 @@ class ResponsesMerger(StreamMerger):
         self._require_streaming()
         self.phase = Phase.DONE
         return self.events.error(err)
+
+
+@attrs.define
+class _EngineFinish(ChoiceParsing):
+    """Chat's parsing with the engine's finish reason kept: a Responses ``status`` is
+    ``incomplete`` exactly when the engine stopped for length, whatever the parser found (chat
+    turns a found call's ``"length"`` into ``"tool_calls"``)."""
+
+    def finish_reason(self, index: int, reason: str) -> str:
+        return reason
 
 
 async def create_response(
@@ -130,7 +140,18 @@ async def _prepare(
                 _, kwargs = parsers.engine_reasoning(item.request.prompt_token_ids)
                 items.append(attrs.evolve(item, request=attrs.evolve(item.request, reasoning_parser_kwargs=kwargs)))
             plan = attrs.evolve(plan, items=tuple(items))
-        parsing = choice_parsing(state, chat, plan, parsers)
+        options = ParsingOptions(
+            chat.tool_choice,
+            include_reasoning=chat.include_reasoning,
+            count_reasoning=state.settings.parsers.reasoning_parser is not None,
+        )
+        parsing = _EngineFinish.create(
+            options,
+            [item.request.prompt_token_ids for item in plan.items],
+            plan.n,
+            plan.stream,
+            parsers.choice,
+        )
     shape = ResponsesShape(
         req.echo,
         max_output_tokens=plan.items[0].request.params.max_tokens,

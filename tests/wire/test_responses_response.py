@@ -1,0 +1,145 @@
+"""The Responses event stream and body, driven with choice chunks as the renderer makes them."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+from braid.engine.tool_calls import ParsedDelta, ParsedOutput, ToolCall, ToolCallDelta
+from braid.errors import DeadlineExceeded
+from braid.wire.output import ChoiceChunk, CollectedChoice, ResponseMeta, Usage
+from braid.wire.responses_request import ResponsesEcho
+from braid.wire.responses_response import ResponsesEvents, ResponsesShape
+from tests.parity.responses_compare import parse_event_stream
+
+ECHO = ResponsesEcho(
+    instructions=None,
+    metadata=None,
+    tools=(),
+    tool_choice="auto",
+    text=None,
+    reasoning=None,
+    parallel_tool_calls=True,
+    temperature=0.0,
+    top_p=1.0,
+    presence_penalty=0.0,
+    frequency_penalty=0.0,
+    service_tier="auto",
+    truncation="disabled",
+    user=None,
+    max_tool_calls=None,
+    top_logprobs=None,
+)
+
+
+def _events() -> ResponsesEvents:
+    counter = itertools.count()
+    return ResponsesEvents(
+        ResponseMeta("resp_1", 7, "m"),
+        ResponsesShape(ECHO, max_output_tokens=50, parsed=True),
+        lambda: f"{next(counter):032x}",
+    )
+
+
+def _chunk(parsed: ParsedDelta | None = None, text: str = "", finish: str | None = None) -> ChoiceChunk:
+    return ChoiceChunk(0, 0, text, None, finish, None, None, None, None, 1, parsed=parsed)
+
+
+def _parse(raw: bytes) -> list[tuple[str | None, Any]]:
+    return parse_event_stream(raw)
+
+
+def test_a_mixed_stream_opens_and_closes_every_item_in_order() -> None:
+    ev = _events()
+    raw = ev.opening()
+    raw += ev.chunk(_chunk(ParsedDelta(reasoning="Think")), None)
+    # one delta with every part: reasoning, then content, then the calls by index
+    raw += ev.chunk(
+        _chunk(
+            ParsedDelta(
+                reasoning=" more",
+                content="Hi",
+                tool_calls=(ToolCallDelta(0, "call_a", "f", '{"x"'), ToolCallDelta(1, "call_b", "g", "{}")),
+            )
+        ),
+        None,
+    )
+    raw += ev.chunk(_chunk(ParsedDelta(tool_calls=(ToolCallDelta(1, arguments=""),)), finish="stop"), None)
+    raw += ev.closing(Usage(3, 5, reasoning_tokens=2))
+    events = _parse(raw)
+    assert [d["sequence_number"] for _, d in events] == list(range(len(events)))
+    assert all(name == d["type"] for name, d in events)
+    added = [d for n, d in events if n == "response.output_item.added"]
+    done = [d for n, d in events if n == "response.output_item.done"]
+    assert [d["item"]["type"] for d in added] == ["reasoning", "message", "function_call", "function_call"]
+    assert [d["item"]["id"] for d in added] == [d["item"]["id"] for d in done]  # every item closed
+    assert [d["output_index"] for d in done] == [0, 1, 2, 3]
+    # an item is closed before the next opens
+    order = [(n, d["output_index"]) for n, d in events if (n or "").startswith("response.output_item")]
+    assert order == [(k, i) for i in range(4) for k in ("response.output_item.added", "response.output_item.done")]
+    final = events[-1][1]["response"]
+    assert events[-1][0] == "response.completed" and final["status"] == "completed"
+    assert final["output"] == [d["item"] for d in done]
+    assert final["output"][0]["content"] == [{"text": "Think more", "type": "reasoning_text"}]
+    assert final["output"][1]["content"][0]["text"] == "Hi"
+    assert [(o["call_id"], o["name"], o["arguments"]) for o in final["output"][2:]] == [
+        ("call_a", "f", '{"x"'),
+        ("call_b", "g", "{}"),
+    ]
+    assert final["usage"]["output_tokens_details"]["reasoning_tokens"] == 2
+    assert b"[DONE]" not in raw
+
+
+def test_a_length_cut_is_incomplete() -> None:
+    ev = _events()
+    raw = ev.opening() + ev.chunk(_chunk(ParsedDelta(content="ab"), finish="length"), None) + ev.closing(Usage(1, 2))
+    final = _parse(raw)[-1][1]["response"]
+    assert final["status"] == "incomplete" and final["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+def test_an_error_ends_the_stream_with_an_error_event() -> None:
+    ev = _events()
+    raw = ev.opening() + ev.chunk(_chunk(ParsedDelta(content="ab")), None)
+    raw += ev.error(DeadlineExceeded("too slow"))
+    name, data = _parse(raw)[-1]
+    assert name == "error" and data["message"] == "too slow" and data["code"] == DeadlineExceeded.type
+    assert data["sequence_number"] == len(_parse(raw)) - 1
+
+
+def test_empty_parsed_deltas_open_nothing() -> None:
+    ev = _events()
+    raw = ev.opening() + ev.chunk(_chunk(ParsedDelta()), None) + ev.closing(Usage(1, 0))
+    assert [n for n, _ in _parse(raw)] == ["response.created", "response.in_progress", "response.completed"]
+
+
+def test_the_whole_body_lists_reasoning_message_and_calls() -> None:
+    ev = _events()
+    choice = CollectedChoice()
+    choice.add(
+        ChoiceChunk(
+            0,
+            0,
+            "raw",
+            None,
+            "stop",
+            None,
+            None,
+            None,
+            None,
+            4,
+            whole=ParsedOutput(content="Hi", reasoning="Think", tool_calls=(ToolCall("call_a", "f", "{}"),)),
+        )
+    )
+    body = json.loads(ev.body([choice], Usage(3, 4)))
+    assert [o["type"] for o in body["output"]] == ["reasoning", "message", "function_call"]
+    assert body["output"][0]["status"] is None  # as vLLM: a whole reasoning item has no status
+    assert body["status"] == "completed" and body["usage"]["total_tokens"] == 7
+
+
+def test_an_unparsed_empty_answer_is_a_message_without_content() -> None:
+    ev = _events()
+    choice = CollectedChoice()
+    choice.add(_chunk(text="", finish="stop"))
+    body = json.loads(ev.body([choice], Usage(3, 1)))
+    assert body["output"][0]["type"] == "message" and body["output"][0]["content"] == []
