@@ -6,6 +6,9 @@ import itertools
 import json
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from braid.engine.tool_calls import ParsedDelta, ParsedOutput, ToolCall, ToolCallDelta
 from braid.errors import DeadlineExceeded
 from braid.wire.output import ChoiceChunk, CollectedChoice, ResponseMeta, Usage
@@ -38,7 +41,7 @@ def _events() -> ResponsesEvents:
     return ResponsesEvents(
         ResponseMeta("resp_1", 7, "m"),
         ResponsesShape(ECHO, max_output_tokens=50, parsed=True),
-        lambda: f"{next(counter):032x}",
+        lambda: f"{next(counter):016x}",
     )
 
 
@@ -143,3 +146,110 @@ def test_an_unparsed_empty_answer_is_a_message_without_content() -> None:
     choice.add(_chunk(text="", finish="stop"))
     body = json.loads(ev.body([choice], Usage(3, 1)))
     assert body["output"][0]["type"] == "message" and body["output"][0]["content"] == []
+
+
+# -- the framing invariants, over any sequence of parsed deltas ---------------------------------
+
+_TEXT = st.text(alphabet="ab \n{}", min_size=0, max_size=4)
+
+
+@st.composite
+def _deltas(draw: st.DrawFn) -> list[ParsedDelta]:
+    """Parsed deltas as a parser makes them: reasoning, content and call pieces, a call's first
+    piece naming it and its later pieces following it directly (a call is not interrupted). Steps
+    are joined into one delta when they come in the order a delta is split in (reasoning,
+    content, calls), as a parser's delta for several engine steps is."""
+    rank = {"reasoning": 0, "content": 1, "call": 2}
+    steps: list[tuple[str, Any]] = []
+    call = -1
+    for _ in range(draw(st.integers(0, 14))):
+        kind = draw(st.sampled_from(["reasoning", "content", "call", "more"]))
+        if kind == "more" and steps and steps[-1][0] == "call":
+            steps.append(("call", ToolCallDelta(call, arguments=draw(_TEXT))))
+        elif kind in ("call", "more"):
+            call += 1
+            steps.append(("call", ToolCallDelta(call, f"call_{call}", f"f{call}", draw(_TEXT))))
+        else:
+            steps.append((kind, draw(_TEXT.filter(bool))))
+    out: list[ParsedDelta] = []
+    group: list[tuple[str, Any]] = []
+    for step in steps:
+        joined = group and rank[step[0]] >= rank[group[-1][0]] and (step[0] == "call" or step[0] != group[-1][0])
+        if group and not (joined and draw(st.booleans())):
+            out.append(_join(group))
+            group = []
+        group.append(step)
+    if group:
+        out.append(_join(group))
+    return out
+
+
+def _join(group: list[tuple[str, Any]]) -> ParsedDelta:
+    return ParsedDelta(
+        reasoning="".join(v for k, v in group if k == "reasoning"),
+        content="".join(v for k, v in group if k == "content"),
+        tool_calls=tuple(v for k, v in group if k == "call"),
+    )
+
+
+@settings(max_examples=300, derandomize=True, database=None)
+@given(deltas=_deltas(), finish=st.sampled_from(["stop", "length"]), fail_at=st.none() | st.integers(0, 12))
+def test_any_stream_is_framed(deltas: list[ParsedDelta], finish: str, fail_at: int | None) -> None:
+    ev = _events()
+    raw = ev.opening()
+    failed = False
+    for i, d in enumerate(deltas):
+        if fail_at == i:
+            raw += ev.error(DeadlineExceeded("late"))
+            failed = True
+            break
+        raw += ev.chunk(_chunk(d, finish=finish if i == len(deltas) - 1 else None), None)
+    if not failed:
+        raw += ev.closing(Usage(1, len(deltas)))
+    events = _parse(raw)
+    names = [n for n, _ in events]
+    assert [d["sequence_number"] for _, d in events] == list(range(len(events)))
+    assert all(n == d["type"] for n, d in events)
+    assert names[:2] == ["response.created", "response.in_progress"]
+    terminal = [n for n in names if n in ("response.completed", "error")]
+    assert terminal == [names[-1]]  # exactly one, and last
+    assert (names[-1] == "error") == failed
+    # items: opened and closed one at a time, numbered in order, ids kept
+    open_item: dict[str, Any] | None = None
+    closed: list[dict[str, Any]] = []
+    texts: dict[str, str] = {}
+    for n, d in events:
+        if n == "response.output_item.added":
+            assert open_item is None and d["output_index"] == len(closed)
+            open_item = d["item"]
+        elif n == "response.output_item.done":
+            assert open_item is not None and d["item"]["id"] == open_item["id"]
+            closed.append(d["item"])
+            open_item = None
+        elif n is not None and n.endswith(".delta"):
+            assert open_item is not None and d["item_id"] == open_item["id"]
+            texts[d["item_id"]] = texts.get(d["item_id"], "") + d["delta"]
+    if failed:
+        return
+    assert open_item is None  # every opened item closed
+    final = events[-1][1]["response"]
+    assert final["output"] == closed
+    assert final["status"] == ("incomplete" if finish == "length" and deltas else "completed")
+    # what the items hold is what was streamed, and all of it
+    for item in closed:
+        if item["type"] == "function_call":
+            assert item["arguments"] == texts.get(item["id"], "")
+        elif item["type"] == "message":
+            assert item["content"][0]["text"] == texts[item["id"]]
+        else:
+            assert item["content"][0]["text"] == texts[item["id"]]
+    kinds = {"message": "content", "reasoning": "reasoning"}
+    for kind, field in kinds.items():
+        streamed = "".join(texts[i["id"]] for i in closed if i["type"] == kind)
+        assert streamed == "".join(getattr(d, field) for d in deltas)
+    calls = [i for i in closed if i["type"] == "function_call"]
+    expected: dict[int, str] = {}
+    for d in deltas:
+        for p in d.tool_calls:
+            expected[p.index] = expected.get(p.index, "") + p.arguments
+    assert {int(c["call_id"].split("_")[1]): c["arguments"] for c in calls} == expected
