@@ -1,4 +1,5 @@
-"""The store's routes on the quart app: ``/v1/files`` and ``/v1/batches``.
+"""The store's routes on the quart app: ``/v1/files``, ``/v1/batches`` and the stored
+``/v1/responses/{id}`` (retrieve, delete).
 
 Each handler reads the request's parts (its owner from ``braid.http.auth``'s :data:`OWNER`,
 or the anonymous owner without keys), calls its quart-free view in :mod:`braid.routes.files`
@@ -22,6 +23,7 @@ from quart_trio.wrappers.request import TrioRequest
 from braid.http import limits
 from braid.http.auth import OWNER
 from braid.routes import batches, files
+from braid.routes import responses as responses_api
 from braid.routes.batches import Jobs
 from braid.routes.common import AppState, JsonResponse, require_json
 from braid.store.db import Store
@@ -36,6 +38,7 @@ PATHS = (
     "/v1/batches",
     "/v1/batches/{batch_id}",
     "/v1/batches/{batch_id}/cancel",
+    "/v1/responses/{response_id}",
 )
 
 
@@ -138,6 +141,14 @@ def install(app: Any, state: AppState, store: Store, jobs: Jobs) -> None:
     @app.post("/v1/batches/<batch_id>/cancel")
     async def cancel_batch(batch_id: str) -> Response:
         return _answer(await batches.cancel(store, _owner(), batch_id, jobs=jobs, now=now()))
+
+    @app.get("/v1/responses/<response_id>")
+    async def retrieve_response(response_id: str) -> Response:
+        return _answer(await responses_api.retrieve_response(store, _owner(), response_id, now()))
+
+    @app.delete("/v1/responses/<response_id>")
+    async def delete_response(response_id: str) -> Response:
+        return _answer(await responses_api.delete_response(store, _owner(), response_id))
 
 
 __all__ = ["PATHS", "BraidRequest", "install"]

@@ -16,15 +16,21 @@ the tokenizer's special tokens.
 
 from __future__ import annotations
 
+import json
+import logging
+import sqlite3
+import weakref
 from collections.abc import Awaitable, Callable
 
 import attrs
 import trio
 
 from braid.errors import BraidError
+from braid.routes.body import CompletionStream
 from braid.routes.chat import constrain, request_parsers
 from braid.routes.common import (
     AppState,
+    JsonResponse,
     Route,
     ViewResult,
     admit,
@@ -33,17 +39,30 @@ from braid.routes.common import (
     error_response,
     open_run,
     plan_request,
-    stream,
 )
+from braid.store.db import Store
+from braid.store.records import ANONYMOUS, StoredResponse
 from braid.stream.merge import Phase, ProtocolViolation, ResponseCollector, StreamMerger, usage_of
 from braid.stream.parse import ChoiceParsing, ParsingOptions
 from braid.stream.plan import Plan
 from braid.stream.render import ChoiceRenderer
+from braid.stream.run import CompletionRun
 from braid.stream.tokenize import render_conversations
 from braid.wire.completions_request import TextPrompt, build_request
 from braid.wire.openapi import GENERATION_ERRORS, REQUEST_ID, Operation, Outcome, json_body, ref
-from braid.wire.responses_request import ResponsesBody, ResponsesRequest, parse_responses, tool_calling_text
+from braid.wire.output import encode
+from braid.wire.responses_request import (
+    ResponseNotFound,
+    ResponsesBody,
+    ResponsesRequest,
+    decode_responses,
+    history_of,
+    tool_calling_text,
+    validate_responses,
+)
 from braid.wire.responses_response import ResponsesEvents, ResponsesShape
+
+log = logging.getLogger("braid")
 
 
 @attrs.define
@@ -59,6 +78,13 @@ class ResponsesMerger(StreamMerger):
         self.phase = Phase.DONE
         assert isinstance(self.events, ResponsesEvents)
         return self.events.closing(usage_of(self.plan, self.renderer))
+
+    @property
+    def completed(self) -> bytes | None:
+        """The whole response of a stream that ended with ``response.completed`` (JSON); None
+        before, or after an error."""
+        assert isinstance(self.events, ResponsesEvents)
+        return self.events.completed
 
     def fail(self, err: BraidError) -> bytes:
         self._require_streaming()
@@ -83,18 +109,17 @@ async def create_response(
     content_type: str | None,
     request_id: str | None,
     background: bool = False,
+    owner: str = ANONYMOUS,
 ) -> ViewResult:
     """Answer one Responses request as :func:`braid.routes.chat.chat_completions` answers a chat
-    request: the same admission, plan, run, errors and cancellation."""
+    request: the same admission, plan, run, errors and cancellation. With the server's store,
+    ``store`` (the default) keeps the answer for ``owner`` once it is whole (a stream's before
+    its ``response.completed`` is sent), and ``previous_response_id`` continues the owner's
+    stored response."""
     try:
         ticket, arrived, deadline = admit(state, content_type, request_id, background)
         try:
-            req = parse_responses(
-                await read_body(),
-                state.limits,
-                max_model_len=state.engine.info.max_model_len,
-                parsers=state.settings.parsers,
-            )
+            req = await _validate(state, await read_body(), owner)
             plan, parsing, shape = await _prepare(state, req, request_id, deadline)
         except BaseException:
             ticket.close()
@@ -102,11 +127,94 @@ async def create_response(
         run = open_run(state, plan, ticket, arrived, deadline, None if parsing is None else parsing.observer)
         renderer = ChoiceRenderer(plan, state.engine.tokenizer, chat_top=req.chat.top_logprobs, parsing=parsing)
         events = ResponsesEvents(plan.meta, shape, state.new_id)
+        keep = _keeper(state, req, owner)
         if plan.stream:
-            return stream(run, ResponsesMerger(plan, renderer, events))
-        return await collect(run, request_id, ResponseCollector(plan, renderer, events))
+            body = _StoringStream(run, ResponsesMerger(plan, renderer, events), keep)
+            weakref.finalize(body, run.discard)  # as braid.routes.common.stream
+            return body
+        answer = await collect(run, request_id, ResponseCollector(plan, renderer, events))
+        if keep is not None:
+            await keep(plan.meta.id, answer.body)
+        return answer
     except BraidError as err:
         return error_response(err)
+
+
+async def _validate(state: AppState, body: bytes, owner: str) -> ResponsesRequest:
+    """The request, with its previous response's history looked up in the owner's store."""
+    b = decode_responses(body)
+    history = None
+    store = state.store
+    if b.previous_response_id is not None and store is not None:
+        found = await store.get_response(owner, b.previous_response_id, int(state.now()))
+        if found is None:
+            raise ResponseNotFound(b.previous_response_id)
+        history = history_of(found.messages, found.body)
+    return validate_responses(
+        b,
+        state.limits,
+        max_model_len=state.engine.info.max_model_len,
+        parsers=state.settings.parsers,
+        history=history,
+    )
+
+
+Keep = Callable[[str, bytes], Awaitable[None]]
+
+
+def _keeper(state: AppState, req: ResponsesRequest, owner: str) -> Keep | None:
+    """How the answer is kept (None: it is not: ``store: false``, or no store). A store that
+    fails is logged, not answered: the client has its response either way."""
+    store = state.store
+    if store is None or not req.store:
+        return None
+    messages = json.dumps(list(req.messages)).encode()
+    retention = store.options.response_retention
+
+    async def keep(response_id: str, body: bytes) -> None:
+        now = int(state.now())
+        record = StoredResponse(response_id, owner, now, now + retention, body, messages)
+        try:
+            await store.put_response(record, now)
+        except (OSError, sqlite3.Error):
+            log.exception("the response %s could not be stored", response_id)
+
+    return keep
+
+
+class _StoringStream(CompletionStream):
+    """A Responses stream that keeps its whole response (when asked) before it sends
+    ``response.completed``: a client that retrieves it on that event finds it."""
+
+    def __init__(self, run: CompletionRun, merger: ResponsesMerger, keep: Keep | None) -> None:
+        super().__init__(run, merger)
+        self._responses = merger
+        self._keep = keep
+
+    async def __anext__(self) -> bytes:
+        data = await super().__anext__()
+        keep, self_merger = self._keep, self._responses
+        if keep is not None and self_merger.phase is Phase.DONE:
+            self._keep = None
+            final = self_merger.completed
+            if final is not None:
+                await keep(self_merger.plan.meta.id, final)
+        return data
+
+
+async def retrieve_response(store: Store, owner: str, response_id: str, now: int) -> JsonResponse:
+    """``GET /v1/responses/{id}``: the owner's stored response, or vLLM's 404."""
+    found = await store.get_response(owner, response_id, now)
+    if found is None:
+        return error_response(ResponseNotFound(response_id))
+    return JsonResponse(200, found.body)
+
+
+async def delete_response(store: Store, owner: str, response_id: str) -> JsonResponse:
+    """``DELETE /v1/responses/{id}`` as OpenAI answers it (vLLM has none), or the 404."""
+    if not await store.delete_response(owner, response_id):
+        return error_response(ResponseNotFound(response_id))
+    return JsonResponse(200, encode({"id": response_id, "object": "response", "deleted": True}))
 
 
 async def _prepare(
@@ -188,8 +296,9 @@ ROUTES = (
             structs=(ResponsesBody,),
         ),
         reports_load=True,
+        owned=True,
     ),
 )
 
 
-__all__ = ["ROUTES", "ResponsesMerger", "create_response"]
+__all__ = ["ROUTES", "ResponsesMerger", "create_response", "delete_response", "retrieve_response"]

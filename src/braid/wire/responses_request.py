@@ -130,6 +130,8 @@ class ResponsesEcho:
     max_tool_calls: int | None
     top_logprobs: int | None
     """Alternatives per token when logprobs are asked for (``include``); None otherwise."""
+    previous_response_id: str | None = None
+    background: bool = False
 
 
 @attrs.frozen
@@ -140,6 +142,13 @@ class ResponsesRequest:
     echo: ResponsesEcho
     request_id: str | None
     """The body's ``request_id``: the response's id when given (vLLM's)."""
+    messages: tuple[dict[str, Any], ...] = ()
+    """The conversation as chat messages (JSON values): what a stored response keeps for the
+    next turn (:func:`history_of`)."""
+    store: bool = False
+    """``store``: keep the answer (on a server with a store)."""
+    background: bool = False
+    """``background``: answer at once, run in the background (on a server with a store)."""
 
     @property
     def stream(self) -> bool:
@@ -175,12 +184,15 @@ def _call(item: dict[str, Any], i: int) -> dict[str, Any]:
     }
 
 
-def _messages(instructions: str | None, value: object) -> tuple[list[dict[str, Any]], bool]:
-    """``instructions`` and ``input`` as chat messages (vLLM's ``construct_input_messages``), and
-    whether the last one is continued rather than answered."""
+def _messages(
+    instructions: str | None, value: object, history: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], bool]:
+    """``instructions``, the previous turns' ``history`` and ``input`` as chat messages (vLLM's
+    ``construct_input_messages``), and whether the last one is continued rather than answered."""
     messages: list[dict[str, Any]] = []
     if instructions:
         messages.append({"role": "system", "content": instructions})
+    messages.extend(history)
     if isinstance(value, str):
         messages.append({"role": "user", "content": value})
         return messages, False
@@ -368,15 +380,47 @@ def _check(b: ResponsesBody) -> None:
             raise SchemaError(f"include[{i}] is not one of {', '.join(_INCLUDES)}.", param=f"body.include.{i}")
 
 
+def decode_responses(body: bytes) -> ResponsesBody:
+    """The body decoded, or a :class:`~braid.errors.SchemaError` located as vLLM's pydantic locates it."""
+    return decode_body(body, _DECODER)
+
+
+def history_of(messages: bytes, body: bytes) -> list[dict[str, Any]]:
+    """What a stored response adds to the next turn's conversation, as vLLM's Responses server
+    builds it: the messages it answered (its system messages left out: instructions do not carry
+    over), then the text of each of its output messages as an assistant message (its reasoning
+    and its function calls are not carried over, as in vLLM 0.32)."""
+    history = [m for m in json.loads(messages) if m.get("role") != "system"]
+    for item in json.loads(body).get("output", []):
+        if item.get("type") == "message":
+            history.extend({"role": "assistant", "content": part.get("text")} for part in item.get("content", []))
+    return history
+
+
 def parse_responses(
     body: bytes, limits: Limits, *, max_model_len: int, parsers: ParserOptions = _NO_PARSERS
 ) -> ResponsesRequest:
-    """Decode and validate a Responses body, or raise :class:`~braid.errors.InvalidRequest` (a
-    400; :class:`~braid.errors.NotFound` for a ``previous_response_id``). ``parsers``: the server's
-    tool and reasoning flags."""
-    b: ResponsesBody = decode_body(body, _DECODER)
+    """:func:`decode_responses` then :func:`validate_responses`, on a server that stores nothing
+    (a ``previous_response_id`` is a 404)."""
+    return validate_responses(decode_responses(body), limits, max_model_len=max_model_len, parsers=parsers)
+
+
+def validate_responses(
+    b: ResponsesBody,
+    limits: Limits,
+    *,
+    max_model_len: int,
+    parsers: ParserOptions = _NO_PARSERS,
+    history: list[dict[str, Any]] | None = None,
+    background: bool = False,
+) -> ResponsesRequest:
+    """Validate a decoded Responses body, or raise :class:`~braid.errors.InvalidRequest` (a 400;
+    :class:`~braid.errors.NotFound` for a ``previous_response_id`` without its ``history``).
+    ``parsers``: the server's tool and reasoning flags; ``history``: the previous response's
+    (:func:`history_of`), which the caller looked up; ``background``: the server runs
+    ``background`` requests (it has a store)."""
     _check(b)
-    if b.background:
+    if b.background and not background:
         raise ResponsesInvalid(
             "This braid server does not store responses and therefore does not support the background mode.",
             param="background",
@@ -430,7 +474,9 @@ def parse_responses(
         thinking["reasoning_effort"] = effort
         if "enable_thinking" not in (b.chat_template_kwargs or {}):
             thinking["enable_thinking"] = effort != "none"
-    messages, continued = _messages(b.instructions, b.input)
+    if b.previous_response_id is not None and history is None:
+        raise ResponseNotFound(b.previous_response_id)
+    messages, continued = _messages(b.instructions, b.input, history or [])
     if not messages:
         raise _bad("Cannot apply chat template to an empty conversation. Provide at least one message.")
     template = TemplateOptions(
@@ -452,8 +498,6 @@ def parse_responses(
         "continue_final_message": continued,
         **thinking,
     }
-    if b.previous_response_id is not None:
-        raise ResponseNotFound(b.previous_response_id)
     chat = ChatRequest(
         conversations=(conversation,),
         template=template,
@@ -485,8 +529,12 @@ def parse_responses(
         user=b.user,
         max_tool_calls=b.max_tool_calls,
         top_logprobs=top if logprobs else None,
+        previous_response_id=b.previous_response_id,
+        background=bool(b.background),
     )
-    return ResponsesRequest(chat, echo, b.request_id)
+    return ResponsesRequest(
+        chat, echo, b.request_id, tuple(messages), store=b.store is not False, background=bool(b.background)
+    )
 
 
 class ResponsesInvalid(InvalidRequest):
@@ -527,6 +575,9 @@ __all__ = [
     "ResponsesBody",
     "ResponsesEcho",
     "ResponsesRequest",
+    "decode_responses",
+    "history_of",
     "parse_responses",
+    "validate_responses",
     "tool_calling_text",
 ]

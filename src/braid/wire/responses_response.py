@@ -91,10 +91,10 @@ def response_object(
         "tool_choice": e.tool_choice,
         "tools": list(e.tools),
         "top_p": e.top_p,
-        "background": False,
+        "background": e.background,
         "max_output_tokens": shape.max_output_tokens,
         "max_tool_calls": e.max_tool_calls,
-        "previous_response_id": None,
+        "previous_response_id": e.previous_response_id,
         "prompt": None,
         "reasoning": e.reasoning,
         "service_tier": e.service_tier,
@@ -186,6 +186,8 @@ class ResponsesEvents:
     _done: list[dict[str, object]] = attrs.Factory(list)
     """The items streamed and closed, in order: the output of ``response.completed``."""
     _finish_reason: str | None = None
+    completed: bytes | None = None
+    """The whole response ``response.completed`` carried (JSON), once it is sent."""
 
     def _item_id(self, prefix: str) -> str:
         return f"{prefix}_{self.new_id()[:16]}"
@@ -371,7 +373,9 @@ class ResponsesEvents:
         """The open item's closing events, then ``response.completed``."""
         out = self._close()
         status = "incomplete" if self._finish_reason == "length" else "completed"
-        return out + self._event("response.completed", {"response": self._response(status, usage)})
+        response = self._response(status, usage)
+        self.completed = encode(response)
+        return out + self._event("response.completed", {"response": response})
 
     def usage(self, usage: Usage) -> bytes:
         return self.closing(usage)
