@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -102,3 +103,60 @@ def test_stored_responses_expire(server: ServerProcess) -> None:
 
 def test_retrieve_needs_the_key(server: ServerProcess) -> None:
     assert httpx.get(server.url + "/v1/responses/resp_x").status_code == 401
+
+
+@pytest.fixture(scope="module")
+def slow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server whose engine takes 50 ms a token: a background response runs long enough to be
+    seen queued and to be cancelled."""
+    storage = tmp_path_factory.mktemp("slow-store")
+    with run_scripted_braid(
+        "--storage-dir", str(storage), "--token-delay", "0.05", api_key=KEY_A, log=Path("/tmp/braid-bg-responses.log")
+    ) as s:
+        yield s
+
+
+def _wait(client: openai.OpenAI, response_id: str, within: float = 30.0) -> Any:
+    deadline = time.monotonic() + within
+    while True:
+        r = client.responses.retrieve(response_id)
+        if r.status not in ("queued", "in_progress"):
+            return r
+        assert time.monotonic() < deadline, f"still {r.status} after {within} s"
+        time.sleep(0.05)
+
+
+def test_a_background_response_answers_queued_then_completes(slow: ServerProcess) -> None:
+    a = _client(slow)
+    r = a.responses.create(input="Hello", max_output_tokens=10, background=True, extra_body={"ignore_eos": True})
+    assert r.status == "queued" and r.background and r.output == [] and r.usage is None
+    done = _wait(a, r.id)
+    assert done.status == "incomplete" and done.usage is not None and done.usage.output_tokens == 10
+    assert done.output_text and done.id == r.id
+    with pytest.raises(openai.BadRequestError) as info:
+        a.responses.cancel(r.id)  # over: vLLM's "Cannot cancel a synchronous response."
+    assert info.value.body["param"] == "response_id"  # type: ignore[index]
+
+
+def test_a_background_response_is_cancelled_and_its_engine_work_aborted(slow: ServerProcess) -> None:
+    a = _client(slow)
+    r = a.responses.create(input="Hello", max_output_tokens=2000, background=True, extra_body={"ignore_eos": True})
+    time.sleep(0.3)  # generating now
+    cancelled = a.responses.cancel(r.id)
+    assert cancelled.status == "cancelled"
+    time.sleep(0.5)
+    assert a.responses.retrieve(r.id).status == "cancelled"
+    metrics = httpx.get(slow.url + "/metrics", headers={"Authorization": f"Bearer {KEY_A}"}).text
+    assert "braid_engine_requests_in_flight 0.0" in metrics
+    aborted = [line for line in metrics.splitlines() if line.startswith("braid_engine_aborts_total{")]
+    assert any(not line.endswith(" 0.0") for line in aborted), aborted
+
+
+def test_background_with_stream_or_without_store_is_refused(slow: ServerProcess) -> None:
+    a = _client(slow)
+    with pytest.raises(openai.BadRequestError) as info:
+        a.responses.create(input="Hi", background=True, store=False)  # type: ignore[call-overload]
+    assert info.value.body["param"] == "background"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as info:
+        a.responses.create(input="Hi", background=True, stream=True)  # type: ignore[call-overload]
+    assert info.value.body["param"] == "stream"  # type: ignore[index]

@@ -234,6 +234,7 @@ def create_app(
         _serve(app, state, route)
     if store is not None:
         runner = BatchRunner(state, store)
+        state.spawn = runner.spawn
         state.metrics.track_batches(lambda: runner.active)
         app.extensions["braid.batches"] = runner
         storage.install(app, state, store, runner)

@@ -39,6 +39,7 @@ PATHS = (
     "/v1/batches/{batch_id}",
     "/v1/batches/{batch_id}/cancel",
     "/v1/responses/{response_id}",
+    "/v1/responses/{response_id}/cancel",
 )
 
 
@@ -145,6 +146,10 @@ def install(app: Any, state: AppState, store: Store, jobs: Jobs) -> None:
     @app.get("/v1/responses/<response_id>")
     async def retrieve_response(response_id: str) -> Response:
         return _answer(await responses_api.retrieve_response(store, _owner(), response_id, now()))
+
+    @app.post("/v1/responses/<response_id>/cancel")
+    async def cancel_response(response_id: str) -> Response:
+        return _answer(await responses_api.cancel_response(state, store, _owner(), response_id, now()))
 
     @app.delete("/v1/responses/<response_id>")
     async def delete_response(response_id: str) -> Response:

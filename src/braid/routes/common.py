@@ -84,6 +84,13 @@ class AppState:
     None when no flag names one, and then no request pays for them."""
     store: Store | None = None
     """The server's store (``braid serve`` opens one): stored ``/v1/responses`` answers."""
+    spawn: Callable[..., bool] | None = None
+    """Starts server-lifetime background work (``spawn(fn, *args, name=...)``, False when it
+    cannot): the batch runner's nursery, on a server with a store. ``background`` responses run
+    there."""
+    background_responses: dict[tuple[str, str], trio.CancelScope] = attrs.Factory(dict)
+    """The ``background`` responses running now, by (owner, id): what a cancel cancels. Bounded
+    by admission (each holds a ticket of the background class)."""
     draining: bool = False
     runs: set[CompletionRun] = attrs.Factory(set)
     """The runs open now (each adds itself on entry and leaves on exit; see :meth:`end_runs`)."""

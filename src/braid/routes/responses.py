@@ -54,13 +54,14 @@ from braid.wire.output import encode
 from braid.wire.responses_request import (
     ResponseNotFound,
     ResponsesBody,
+    ResponsesInvalid,
     ResponsesRequest,
     decode_responses,
     history_of,
     tool_calling_text,
     validate_responses,
 )
-from braid.wire.responses_response import ResponsesEvents, ResponsesShape
+from braid.wire.responses_response import ResponsesEvents, ResponsesShape, response_object
 
 log = logging.getLogger("braid")
 
@@ -124,10 +125,15 @@ async def create_response(
         except BaseException:
             ticket.close()
             raise
+        if req.background:
+            plan = attrs.evolve(plan, background=True)  # the background admission class
         run = open_run(state, plan, ticket, arrived, deadline, None if parsing is None else parsing.observer)
         renderer = ChoiceRenderer(plan, state.engine.tokenizer, chat_top=req.chat.top_logprobs, parsing=parsing)
         events = ResponsesEvents(plan.meta, shape, state.new_id)
         keep = _keeper(state, req, owner)
+        if req.background:
+            assert keep is not None, "validated: background needs the store"
+            return await _start_background(state, owner, run, ResponseCollector(plan, renderer, events), keep)
         if plan.stream:
             body = _StoringStream(run, ResponsesMerger(plan, renderer, events), keep)
             weakref.finalize(body, run.discard)  # as braid.routes.common.stream
@@ -150,13 +156,86 @@ async def _validate(state: AppState, body: bytes, owner: str) -> ResponsesReques
         if found is None:
             raise ResponseNotFound(b.previous_response_id)
         history = history_of(found.messages, found.body)
+    if b.background and b.stream and store is not None and state.spawn is not None:
+        raise ResponsesInvalid("braid does not stream background responses yet.", param="stream")
     return validate_responses(
         b,
         state.limits,
         max_model_len=state.engine.info.max_model_len,
         parsers=state.settings.parsers,
         history=history,
+        background=store is not None and state.spawn is not None,
     )
+
+
+async def _start_background(
+    state: AppState, owner: str, run: CompletionRun, collector: ResponseCollector, keep: Keep
+) -> JsonResponse:
+    """Store the response as ``queued``, start its run in the server's background work, and
+    answer the queued response (vLLM's ``background``). The run keeps the request's ticket, of
+    the background class; its deadline is the request's."""
+    assert isinstance(collector.events, ResponsesEvents) and state.spawn is not None
+    events = collector.events
+    response_id = events.meta.id
+    queued = encode(response_object(events.meta, events.shape, status="queued", output=[], usage=None))
+    await keep(response_id, queued)
+    scope = trio.CancelScope()
+    key = (owner, response_id)
+    if key in state.background_responses or not state.spawn(
+        _run_background, state, key, scope, run, collector, keep, name=f"response {response_id}"
+    ):
+        run.discard()
+        raise ResponsesInvalid(f"A background response {response_id!r} is running already.", param="request_id")
+    state.background_responses[key] = scope
+    return JsonResponse(200, queued, (("X-Request-Id", response_id),))
+
+
+async def _run_background(
+    state: AppState,
+    key: tuple[str, str],
+    scope: trio.CancelScope,
+    run: CompletionRun,
+    collector: ResponseCollector,
+    keep: Keep,
+) -> None:
+    """A background response's run: its whole response stored when it ends (``failed`` on an
+    error); nothing stored when it was cancelled (the cancel stored ``cancelled``)."""
+    response_id = key[1]
+    try:
+        with scope:
+            answer = await collect(run, response_id, collector)
+        if not scope.cancel_called:
+            await keep(response_id, answer.body)
+    except BraidError as err:
+        log.warning("background response %s failed: %s", response_id, err.message)
+        if not scope.cancel_called:
+            assert isinstance(collector.events, ResponsesEvents)
+            events = collector.events
+            failed = response_object(events.meta, events.shape, status="failed", output=[], usage=None)
+            await keep(response_id, encode({**failed, "error": {"code": err.type, "message": err.message}}))
+    finally:
+        state.background_responses.pop(key, None)
+
+
+async def cancel_response(state: AppState, store: Store, owner: str, response_id: str, now: int) -> JsonResponse:
+    """``POST /v1/responses/{id}/cancel``: a background response still running (``queued`` or
+    ``in_progress``) is stored ``cancelled`` and its engine work aborted; vLLM's 400 for any
+    other, its 404 for none."""
+    found = await store.get_response(owner, response_id, now)
+    if found is None:
+        return error_response(ResponseNotFound(response_id))
+    body = json.loads(found.body)
+    if body.get("status") not in ("queued", "in_progress"):
+        return error_response(ResponsesInvalid("Cannot cancel a synchronous response.", param="response_id"))
+    body["status"] = "cancelled"
+    cancelled = encode(body)
+    scope = state.background_responses.get((owner, response_id))
+    if scope is not None:
+        scope.cancel()  # before the store write: the run stores nothing once cancelled
+    await store.put_response(
+        StoredResponse(response_id, owner, found.created_at, found.expires_at, cancelled, found.messages), now
+    )
+    return JsonResponse(200, cancelled)
 
 
 Keep = Callable[[str, bytes], Awaitable[None]]
@@ -301,4 +380,11 @@ ROUTES = (
 )
 
 
-__all__ = ["ROUTES", "ResponsesMerger", "create_response", "delete_response", "retrieve_response"]
+__all__ = [
+    "ROUTES",
+    "ResponsesMerger",
+    "cancel_response",
+    "create_response",
+    "delete_response",
+    "retrieve_response",
+]
