@@ -224,7 +224,8 @@ def _cases() -> list[Case]:
         _r(text={"format": {"type": "json_object"}}, structured_outputs={"regex": "a"}),
     )
     add("prompt template", "errors", _r(prompt={"id": "p"}))
-    add("background", "errors", _r(background=True))
+    add("background", "stored", _r(background=True))
+    add("background streamed", "stored", _r(background=True, stream=True), deviation="responses_background_stream")
     add("background without store", "errors", _r(background=True, store=False))
     add("unknown previous_response_id", "errors", _r(previous_response_id="resp_x"))
     add("reasoning effort unknown", "errors", _r(reasoning={"effort": "huge"}))

@@ -3,7 +3,7 @@
 As tests/parity/compare.py does for the other routes, what must differ between two servers is
 normalised away, and nothing else:
 
-* ids: the response's ``id`` and the ids of its items (``msg_``, ``rs_``, ``fc_``) and calls
+* ids: the response's ``id`` (and ``previous_response_id``) and the ids of its items (``msg_``, ``rs_``, ``fc_``) and calls
   (``call_id``) become their prefix and the order they first appear in (``msg#0``): two servers
   draw different ids, but an item must keep its id from ``output_item.added`` to ``done`` and
   into ``response.completed``;
@@ -24,7 +24,7 @@ from typing import Any
 
 from tests.parity.compare import Reply, diff
 
-ID_KEYS = ("id", "item_id", "call_id")
+ID_KEYS = ("id", "item_id", "call_id", "previous_response_id")
 _ID = re.compile(r"^(resp|msg|rs|fc|ctc|chatcmpl-tool|call)[_-]")
 DELTAS = (
     "response.output_text.delta",

@@ -7,6 +7,7 @@ the results join the tier's table (tests/parity/report.py).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -14,7 +15,7 @@ import pytest
 
 from tests.parity.compare import Reply
 from tests.parity.deviations import DEVIATIONS
-from tests.parity.matrix import Case
+from tests.parity.matrix import MODEL, Case
 from tests.parity.report import RESULTS, Result
 from tests.parity.responses_cases import RESPONSES_CASES
 from tests.parity.responses_compare import compare, stream_view
@@ -69,3 +70,67 @@ def test_responses_case(case: Case, vllm_server: object, vllm_reference: ServerP
 def test_cases_are_many_and_named_once() -> None:
     assert len(RESPONSES_CASES) >= 40
     assert len({c.name for c in RESPONSES_CASES}) == len(RESPONSES_CASES)
+
+
+def _stored_flow(client: httpx.Client, url: str) -> dict[str, Reply]:
+    """One conversation kept in a server's store, step by step: each step's answer."""
+
+    def reply(r: httpx.Response) -> Reply:
+        return Reply(r.status_code, r.headers.get("content-type", ""), body=r.json(), raw=r.content)
+
+    def post(path: str, body: dict[str, object] | None = None) -> Reply:
+        return reply(client.post(url + path, json=body))
+
+    base = {"model": MODEL, "max_output_tokens": 6, "temperature": 0}
+    out: dict[str, Reply] = {}
+    out["stored response"] = first = post("/v1/responses", {**base, "input": "Hello there", "instructions": "Be brief"})
+    out["retrieved"] = reply(client.get(f"{url}/v1/responses/{first.body['id']}"))
+    out["previous_response_id"] = second = post(
+        "/v1/responses", {**base, "input": "And then?", "previous_response_id": first.body["id"]}
+    )
+    out["previous_response_id twice, new instructions"] = post(
+        "/v1/responses",
+        {**base, "input": "More", "instructions": "New", "previous_response_id": second.body["id"]},
+    )
+    out["cancel a finished response"] = post(f"/v1/responses/{first.body['id']}/cancel")
+    out["retrieve unknown"] = reply(client.get(f"{url}/v1/responses/resp_nope"))
+    out["cancel unknown"] = post("/v1/responses/resp_nope/cancel")
+    background = post("/v1/responses", {**base, "input": "Hello there", "background": True})
+    deadline = time.monotonic() + 60
+    while True:
+        done = reply(client.get(f"{url}/v1/responses/{background.body['id']}"))
+        if done.body.get("status") not in ("queued", "in_progress") or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    out["background, retrieved when done"] = done
+    long = post(
+        "/v1/responses",
+        {**base, "input": "Hello there", "background": True, "max_output_tokens": 900, "ignore_eos": True},
+    )
+    time.sleep(0.3)
+    out["background, cancelled"] = post(f"/v1/responses/{long.body['id']}/cancel")
+    time.sleep(0.3)
+    out["background, retrieved cancelled"] = reply(client.get(f"{url}/v1/responses/{long.body['id']}"))
+    unstored = post("/v1/responses", {**base, "input": "Hi", "store": False})
+    out["store false, retrieved"] = reply(client.get(f"{url}/v1/responses/{unstored.body['id']}"))
+    return out
+
+
+def test_stored_responses(vllm_server: object, vllm_reference: ServerProcess, http: httpx.Client) -> None:
+    """Stored responses step by step on both servers (vLLM's with VLLM_ENABLE_RESPONSES_API_STORE):
+    each step's answers compared as the cases' are."""
+    braid = _stored_flow(http, vllm_server.url)  # type: ignore[attr-defined]
+    vllm = _stored_flow(http, vllm_reference.url)
+    failures = []
+    for step, answer in braid.items():
+        problems = compare(answer, vllm[step])
+        RESULTS.append(
+            Result(
+                f"responses {step}",
+                "responses stored",
+                "match" if not problems else "mismatch",
+                "; ".join(problems[:3]),
+            )
+        )
+        failures += [f"{step}: {p}" for p in problems]
+    assert not failures, "\n".join(failures[:20])

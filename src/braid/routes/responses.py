@@ -12,6 +12,11 @@ call (``"required"``, a named function) is constrained by the parser's JSON sche
 response then repeats as its ``text.format``; the engine is not told whether the prompt ended
 the reasoning (chat tells it), only the parser's template kwargs; the prompt is tokenized with
 the tokenizer's special tokens.
+
+With the server's store (:attr:`~braid.routes.common.AppState.store`) answers are kept for the
+request's owner (``store``), continued (``previous_response_id``), retrieved, deleted, and run in
+the background (``background``: in the batch runner's nursery, cancelled by
+``POST /v1/responses/{id}/cancel``); the quart routes for those are :mod:`braid.http.storage`'s.
 """
 
 from __future__ import annotations

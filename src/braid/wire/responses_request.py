@@ -21,10 +21,11 @@ it is (template, tools, parsers, plan, run), plus what the response object repea
   ``structured_outputs`` is taken too (not with ``text.format``);
   ``include: ["message.output_text.logprobs"]`` with ``top_logprobs`` asks for logprobs.
 
-Refused as vLLM refuses them: a ``prompt`` template, ``background`` (braid stores no responses
-yet, as vLLM without ``VLLM_ENABLE_RESPONSES_API_STORE``) and a ``previous_response_id`` (no
-stored response has one: 404). ``store`` is accepted and ignored, as vLLM does without its store.
-Tools other than function tools are a 400 (vLLM ignores them without its tool server).
+Refused as vLLM refuses them: a ``prompt`` template, ``background`` without ``store`` (and, on a
+server without a store, ``background`` at all, as vLLM without ``VLLM_ENABLE_RESPONSES_API_STORE``).
+A ``previous_response_id`` needs the previous response's history (:func:`history_of`), which the
+view looks up in the store; without it, it is a 404. Tools other than function tools are a 400
+(vLLM ignores them without its tool server).
 """
 
 from __future__ import annotations
