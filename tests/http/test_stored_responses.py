@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from tests.parity.responses_compare import parse_event_stream
 from tools.servers import ServerProcess, run_scripted_braid
 
 KEY_A, KEY_B = "key-a-0123456789", "key-b-9876543210"
@@ -152,11 +153,80 @@ def test_a_background_response_is_cancelled_and_its_engine_work_aborted(slow: Se
     assert any(not line.endswith(" 0.0") for line in aborted), aborted
 
 
-def test_background_with_stream_or_without_store_is_refused(slow: ServerProcess) -> None:
+def test_background_without_store_is_refused(slow: ServerProcess) -> None:
     a = _client(slow)
     with pytest.raises(openai.BadRequestError) as info:
         a.responses.create(input="Hi", background=True, store=False)  # type: ignore[call-overload]
     assert info.value.body["param"] == "background"  # type: ignore[index]
-    with pytest.raises(openai.BadRequestError) as info:
-        a.responses.create(input="Hi", background=True, stream=True)  # type: ignore[call-overload]
-    assert info.value.body["param"] == "stream"  # type: ignore[index]
+
+
+def _post_stream(server: ServerProcess, body: dict[str, Any]) -> Any:
+    return httpx.stream(
+        "POST",
+        server.url + "/v1/responses",
+        json={"stream": True, "background": True, **body},
+        headers={"Authorization": f"Bearer {KEY_A}"},
+        timeout=60,
+    )
+
+
+def _events_of(chunks: Iterator[bytes], until: int | None = None) -> list[tuple[str | None, Any]]:
+    raw = b""
+    for chunk in chunks:
+        raw += chunk
+        if until is not None and raw.count(b"\n\n") >= until:
+            break
+    return parse_event_stream(raw[: raw.rindex(b"\n\n") + 2] if b"\n\n" in raw else b"")
+
+
+def test_a_streamed_background_response_goes_on_without_its_client(slow: ServerProcess) -> None:
+    a = _client(slow)
+    with _post_stream(slow, {"input": "Hello", "max_output_tokens": 30, "ignore_eos": True}) as r:
+        assert r.status_code == 200
+        first = _events_of(r.iter_raw(), until=5)
+    # the client left after 5 events; the run goes on and is stored when done
+    response_id = first[0][1]["response"]["id"]
+    assert first[0][1]["response"]["background"] is True
+    done = _wait(a, response_id)
+    assert done.status == "incomplete" and done.usage is not None and done.usage.output_tokens == 30
+
+
+def test_a_background_stream_is_resumed_after_a_sequence_number(slow: ServerProcess) -> None:
+    a = _client(slow)
+    with _post_stream(slow, {"input": "Hello", "max_output_tokens": 40, "ignore_eos": True}) as r:
+        head = _events_of(r.iter_raw(), until=6)
+    response_id = head[0][1]["response"]["id"]
+    with httpx.stream(
+        "GET",
+        f"{slow.url}/v1/responses/{response_id}",
+        params={"stream": "true", "starting_after": "3"},
+        headers={"Authorization": f"Bearer {KEY_A}"},
+        timeout=60,
+    ) as r:
+        assert r.status_code == 200
+        rest = _events_of(r.iter_raw())
+    numbers = [d["sequence_number"] for _, d in rest]
+    assert numbers == list(range(4, 4 + len(numbers)))  # from 4 on, none missing
+    assert rest[-1][0] == "response.completed"
+    # the events before 4 are the ones the first client saw
+    assert [d["sequence_number"] for _, d in head[:4]] == [0, 1, 2, 3]
+    text = "".join(d["delta"] for n, d in head[:4] + rest if n == "response.output_text.delta")
+    assert text == a.responses.retrieve(response_id).output_text
+    # once the run is over its events are gone: retrieve the response instead
+    r2 = httpx.get(
+        f"{slow.url}/v1/responses/{response_id}",
+        params={"stream": "true"},
+        headers={"Authorization": f"Bearer {KEY_A}"},
+    )
+    assert r2.status_code == 400 and r2.json()["error"]["param"] == "response_id"
+
+
+def test_a_cancelled_background_stream_ends_without_completing(slow: ServerProcess) -> None:
+    a = _client(slow)
+    with _post_stream(slow, {"input": "Hello", "max_output_tokens": 2000, "ignore_eos": True}) as r:
+        chunks = r.iter_raw()
+        head = _events_of(chunks, until=4)
+        a.responses.cancel(head[0][1]["response"]["id"])
+        tail = _events_of(chunks)
+    assert "response.completed" not in [n for n, _ in head + tail]
+    assert a.responses.retrieve(head[0][1]["response"]["id"]).status == "cancelled"

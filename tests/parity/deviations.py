@@ -263,18 +263,6 @@ def _responses_function_tools_only(braid: Reply, vllm: Reply, body: Any) -> list
     return problems
 
 
-def _responses_background_stream(braid: Reply, vllm: Reply, body: Any) -> list[str]:
-    """``/v1/responses`` with ``background`` and ``stream``: vLLM streams the background run's
-    events; braid refuses it with a 400 naming ``stream`` (not built yet: issue 31 §2)."""
-    problems = []
-    if vllm.status != 200 or not vllm.content_type.startswith("text/event-stream"):
-        problems.append(f"vLLM no longer streams a background response: {vllm.status}")
-    error = braid.body.get("error", {}) if isinstance(braid.body, dict) else {}
-    if braid.status != 400 or error.get("param") != "stream":
-        problems.append(f"braid should refuse it with a 400 naming stream, got {braid.status} {error}")
-    return problems
-
-
 DEVIATIONS: dict[str, Deviation] = {
     d.key: d
     for d in (
@@ -342,11 +330,6 @@ DEVIATIONS: dict[str, Deviation] = {
             "responses_function_tools_only",
             "/v1/responses refuses tools other than function tools (vLLM without a tool server ignores them)",
             _responses_function_tools_only,
-        ),
-        Deviation(
-            "responses_background_stream",
-            "/v1/responses refuses background with stream (vLLM streams the background run's events)",
-            _responses_background_stream,
         ),
     )
 }

@@ -225,7 +225,7 @@ def _cases() -> list[Case]:
     )
     add("prompt template", "errors", _r(prompt={"id": "p"}))
     add("background", "stored", _r(background=True))
-    add("background streamed", "stored", _r(background=True, stream=True), deviation="responses_background_stream")
+    add("background streamed", "stored", _r(background=True, stream=True))
     add("background without store", "errors", _r(background=True, store=False))
     add("unknown previous_response_id", "errors", _r(previous_response_id="resp_x"))
     add("reasoning effort unknown", "errors", _r(reasoning={"effort": "huge"}))

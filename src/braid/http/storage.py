@@ -20,6 +20,7 @@ from typing import Any
 from quart import Response, request
 from quart_trio.wrappers.request import TrioRequest
 
+from braid.errors import SchemaError
 from braid.http import limits
 from braid.http.auth import OWNER
 from braid.routes import batches, files
@@ -145,7 +146,20 @@ def install(app: Any, state: AppState, store: Store, jobs: Jobs) -> None:
 
     @app.get("/v1/responses/<response_id>")
     async def retrieve_response(response_id: str) -> Response:
-        return _answer(await responses_api.retrieve_response(store, _owner(), response_id, now()))
+        if request.args.get("stream", "").lower() != "true":
+            return _answer(await responses_api.retrieve_response(store, _owner(), response_id, now()))
+        after = request.args.get("starting_after")
+        if after is not None and not after.lstrip("-").isdigit():
+            raise SchemaError("starting_after must be an integer.", param="query.starting_after")
+        events = responses_api.stream_background(state, _owner(), response_id, None if after is None else int(after))
+        response = Response(
+            events,
+            status=200,
+            mimetype="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Request-Id": response_id},
+        )
+        response.timeout = None  # as every stream: quart's response timeout would cut it
+        return response
 
     @app.post("/v1/responses/<response_id>/cancel")
     async def cancel_response(response_id: str) -> Response:

@@ -21,7 +21,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import attrs
 import trio
@@ -88,9 +88,10 @@ class AppState:
     """Starts server-lifetime background work (``spawn(fn, *args, name=...)``, False when it
     cannot): the batch runner's nursery, on a server with a store. ``background`` responses run
     there."""
-    background_responses: dict[tuple[str, str], trio.CancelScope] = attrs.Factory(dict)
-    """The ``background`` responses running now, by (owner, id): what a cancel cancels. Bounded
-    by admission (each holds a ticket of the background class)."""
+    background_responses: dict[tuple[str, str], Any] = attrs.Factory(dict)
+    """The ``background`` responses running now, by (owner, id): what a cancel cancels and a
+    ``GET ...?stream=true`` reads (:mod:`braid.routes.responses`). Bounded by admission (each
+    holds a ticket of the background class)."""
     draining: bool = False
     runs: set[CompletionRun] = attrs.Factory(set)
     """The runs open now (each adds itself on entry and leaves on exit; see :meth:`end_runs`)."""

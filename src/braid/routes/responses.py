@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 import attrs
 import trio
 
-from braid.errors import BraidError
+from braid.errors import BraidError, EngineUnavailable
 from braid.routes.body import CompletionStream
 from braid.routes.chat import constrain, request_parsers
 from braid.routes.common import (
@@ -55,7 +55,7 @@ from braid.stream.run import CompletionRun
 from braid.stream.tokenize import render_conversations
 from braid.wire.completions_request import TextPrompt, build_request
 from braid.wire.openapi import GENERATION_ERRORS, REQUEST_ID, Operation, Outcome, json_body, ref
-from braid.wire.output import encode
+from braid.wire.output import HEARTBEAT, encode
 from braid.wire.responses_request import (
     ResponseNotFound,
     ResponsesBody,
@@ -136,13 +136,17 @@ async def create_response(
         renderer = ChoiceRenderer(plan, state.engine.tokenizer, chat_top=req.chat.top_logprobs, parsing=parsing)
         events = ResponsesEvents(plan.meta, shape, state.new_id)
         keep = _keeper(state, req, owner)
-        if req.background:
-            assert keep is not None, "validated: background needs the store"
-            return await _start_background(state, owner, run, ResponseCollector(plan, renderer, events), keep)
         if plan.stream:
             body = _StoringStream(run, ResponsesMerger(plan, renderer, events), keep)
             weakref.finalize(body, run.discard)  # as braid.routes.common.stream
+            if req.background:
+                assert keep is not None, "validated: background needs the store"
+                return await _start_background(state, owner, events, keep, _run_background_stream, body)
             return body
+        if req.background:
+            assert keep is not None, "validated: background needs the store"
+            collector = ResponseCollector(plan, renderer, events)
+            return await _start_background(state, owner, events, keep, _run_background, run, collector)
         answer = await collect(run, request_id, ResponseCollector(plan, renderer, events))
         if keep is not None:
             await keep(plan.meta.id, answer.body)
@@ -161,8 +165,6 @@ async def _validate(state: AppState, body: bytes, owner: str) -> ResponsesReques
         if found is None:
             raise ResponseNotFound(b.previous_response_id)
         history = history_of(found.messages, found.body)
-    if b.background and b.stream and store is not None and state.spawn is not None:
-        raise ResponsesInvalid("braid does not stream background responses yet.", param="stream")
     return validate_responses(
         b,
         state.limits,
@@ -173,53 +175,167 @@ async def _validate(state: AppState, body: bytes, owner: str) -> ResponsesReques
     )
 
 
+@attrs.define(eq=False)
+class _Background:
+    """A ``background`` response running now: its cancel scope, and a streamed one's events."""
+
+    scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    events: EventLog | None = None
+
+
 async def _start_background(
-    state: AppState, owner: str, run: CompletionRun, collector: ResponseCollector, keep: Keep
-) -> JsonResponse:
-    """Store the response as ``queued``, start its run in the server's background work, and
-    answer the queued response (vLLM's ``background``). The run keeps the request's ticket, of
-    the background class; its deadline is the request's."""
-    assert isinstance(collector.events, ResponsesEvents) and state.spawn is not None
-    events = collector.events
+    state: AppState,
+    owner: str,
+    events: ResponsesEvents,
+    keep: Keep,
+    run_fn: Callable[..., Awaitable[None]],
+    *args: object,
+) -> ViewResult:
+    """Store the response as ``queued``, start ``run_fn`` (its run) in the server's background
+    work, and answer: the queued response, or a streamed one's events as they come (a reader of
+    its :class:`EventLog`: the run goes on when the client goes). The run keeps the request's
+    ticket, of the background class; its deadline is the request's."""
+    assert state.spawn is not None
     response_id = events.meta.id
+    key = (owner, response_id)
+    if key in state.background_responses:
+        raise ResponsesInvalid(f"A background response {response_id!r} is running already.", param="request_id")
     queued = encode(response_object(events.meta, events.shape, status="queued", output=[], usage=None))
     await keep(response_id, queued)
-    scope = trio.CancelScope()
-    key = (owner, response_id)
-    if key in state.background_responses or not state.spawn(
-        _run_background, state, key, scope, run, collector, keep, name=f"response {response_id}"
-    ):
-        run.discard()
-        raise ResponsesInvalid(f"A background response {response_id!r} is running already.", param="request_id")
-    state.background_responses[key] = scope
+    streamed = args and isinstance(args[0], CompletionStream)
+    bg = _Background(events=EventLog(response_id) if streamed else None)
+    state.background_responses[key] = bg
+    if not state.spawn(run_fn, state, key, bg, keep, *args, name=f"response {response_id}"):
+        del state.background_responses[key]
+        raise EngineUnavailable("The server is not running background work now.", retry_after=5)
+    if bg.events is not None:
+        return bg.events.reader(0, state.settings.heartbeat)
     return JsonResponse(200, queued, (("X-Request-Id", response_id),))
+
+
+async def _failed(events: ResponsesEvents, keep: Keep, err: BraidError) -> None:
+    failed = response_object(events.meta, events.shape, status="failed", output=[], usage=None)
+    await keep(events.meta.id, encode({**failed, "error": {"code": err.type, "message": err.message}}))
 
 
 async def _run_background(
     state: AppState,
     key: tuple[str, str],
-    scope: trio.CancelScope,
+    bg: _Background,
+    keep: Keep,
     run: CompletionRun,
     collector: ResponseCollector,
-    keep: Keep,
 ) -> None:
     """A background response's run: its whole response stored when it ends (``failed`` on an
     error); nothing stored when it was cancelled (the cancel stored ``cancelled``)."""
     response_id = key[1]
     try:
-        with scope:
+        with bg.scope:
             answer = await collect(run, response_id, collector)
-        if not scope.cancel_called:
+        if not bg.scope.cancel_called:
             await keep(response_id, answer.body)
     except BraidError as err:
         log.warning("background response %s failed: %s", response_id, err.message)
-        if not scope.cancel_called:
+        if not bg.scope.cancel_called:
             assert isinstance(collector.events, ResponsesEvents)
-            events = collector.events
-            failed = response_object(events.meta, events.shape, status="failed", output=[], usage=None)
-            await keep(response_id, encode({**failed, "error": {"code": err.type, "message": err.message}}))
+            await _failed(collector.events, keep, err)
     finally:
         state.background_responses.pop(key, None)
+
+
+async def _run_background_stream(
+    state: AppState, key: tuple[str, str], bg: _Background, keep: Keep, body: _StoringStream
+) -> None:
+    """A streamed background response's run: its events into its log as they come (the stream
+    stores the whole response before its ``response.completed``); ``failed`` stored when it ends
+    with an error event, nothing when it was cancelled."""
+    assert bg.events is not None
+    try:
+        with bg.scope:
+            async with body:
+                async for chunk in body:
+                    bg.events.add(chunk)
+        merger = body.merger
+        if not bg.scope.cancel_called and merger.completed is None and isinstance(merger.events, ResponsesEvents):
+            await _failed(merger.events, keep, BraidError("The response failed; see its stream's error event."))
+    finally:
+        bg.events.end()
+        state.background_responses.pop(key, None)
+
+
+@attrs.define(eq=False)
+class EventLog:
+    """A streamed background response's events (whole SSE events, heartbeats left out), kept
+    while it runs for the streams that read it (the request's own, and ``GET
+    /v1/responses/{id}?stream=true``); dropped with the run. Bounded by the response's length."""
+
+    response_id: str
+    events: list[bytes] = attrs.Factory(list)
+    ended: bool = False
+    _changed: trio.Event = attrs.Factory(trio.Event)
+
+    def add(self, chunk: bytes) -> None:
+        for block in chunk.split(b"\n\n"):
+            if block and not block.startswith(b":"):
+                self.events.append(block + b"\n\n")
+        self._wake()
+
+    def end(self) -> None:
+        self.ended = True
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait(self, seen: int) -> None:
+        """Until there are more than ``seen`` events, or the log has ended."""
+        while len(self.events) <= seen and not self.ended:
+            await self._changed.wait()
+
+    def reader(self, start: int, heartbeat: float) -> _LogReader:
+        return _LogReader(self, start, heartbeat)
+
+
+class _LogReader(CompletionStream):
+    """A stream of an :class:`EventLog` from its event ``start`` (a quart response body; it
+    owns no run: leaving it leaves the background run alone). An idle log sends heartbeats."""
+
+    def __init__(self, log: EventLog, start: int, heartbeat: float) -> None:  # no run of its own
+        self._log = log
+        self._pos = start
+        self._period = heartbeat
+
+    async def __aenter__(self) -> _LogReader:
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:  # type: ignore[no-untyped-def, override]
+        return None
+
+    @property
+    def response_id(self) -> str:
+        return self._log.response_id
+
+    async def __anext__(self) -> bytes:
+        with trio.move_on_after(self._period):
+            await self._log.wait(self._pos)
+            events = self._log.events
+            if self._pos >= len(events):
+                raise StopAsyncIteration
+            chunk = b"".join(events[self._pos :])
+            self._pos = len(events)
+            return chunk
+        return HEARTBEAT
+
+
+def stream_background(state: AppState, owner: str, response_id: str, starting_after: int | None) -> _LogReader:
+    """``GET /v1/responses/{id}?stream=true``: a running streamed background response's events
+    after ``starting_after`` (from the first without it); a 400 naming ``response_id`` for any
+    other response (braid keeps no events once the run is over: retrieve the response)."""
+    bg = state.background_responses.get((owner, response_id))
+    if bg is None or bg.events is None:
+        raise ResponsesInvalid(f"Unknown response_id: {response_id}", param="response_id")
+    return bg.events.reader(0 if starting_after is None else starting_after + 1, state.settings.heartbeat)
 
 
 async def cancel_response(state: AppState, store: Store, owner: str, response_id: str, now: int) -> JsonResponse:
@@ -234,9 +350,9 @@ async def cancel_response(state: AppState, store: Store, owner: str, response_id
         return error_response(ResponsesInvalid("Cannot cancel a synchronous response.", param="response_id"))
     body["status"] = "cancelled"
     cancelled = encode(body)
-    scope = state.background_responses.get((owner, response_id))
-    if scope is not None:
-        scope.cancel()  # before the store write: the run stores nothing once cancelled
+    bg = state.background_responses.get((owner, response_id))
+    if bg is not None:
+        bg.scope.cancel()  # before the store write: the run stores nothing once cancelled
     await store.put_response(
         StoredResponse(response_id, owner, found.created_at, found.expires_at, cancelled, found.messages), now
     )
@@ -274,6 +390,10 @@ class _StoringStream(CompletionStream):
         super().__init__(run, merger)
         self._responses = merger
         self._keep = keep
+
+    @property
+    def merger(self) -> ResponsesMerger:
+        return self._responses
 
     async def __anext__(self) -> bytes:
         data = await super().__anext__()
@@ -392,4 +512,5 @@ __all__ = [
     "create_response",
     "delete_response",
     "retrieve_response",
+    "stream_background",
 ]
