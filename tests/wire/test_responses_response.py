@@ -6,6 +6,7 @@ import itertools
 import json
 from typing import Any
 
+import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -253,3 +254,15 @@ def test_any_stream_is_framed(deltas: list[ParsedDelta], finish: str, fail_at: i
         for p in d.tool_calls:
             expected[p.index] = expected.get(p.index, "") + p.arguments
     assert {int(c["call_id"].split("_")[1]): c["arguments"] for c in calls} == expected
+
+
+def test_logprobs_of_held_back_tokens_go_with_the_content_they_become() -> None:
+    ev = _events()
+    lp = ({"token": "<", "logprob": -1.0, "bytes": [60], "top_logprobs": []},)
+    lp2 = ({"token": "a", "logprob": -2.0, "bytes": [97], "top_logprobs": []},)
+    raw = ev.opening()
+    raw += ev.chunk(attrs.evolve(_chunk(ParsedDelta()), logprobs=lp), None)  # the parser holds "<" back
+    raw += ev.chunk(attrs.evolve(_chunk(ParsedDelta(content="<a"), finish="stop"), logprobs=lp2), None)
+    raw += ev.closing(Usage(1, 2))
+    deltas = [d for n, d in _parse(raw) if n == "response.output_text.delta"]
+    assert [e["token"] for e in deltas[0]["logprobs"]] == ["<", "a"]

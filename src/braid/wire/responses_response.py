@@ -188,6 +188,8 @@ class ResponsesEvents:
     _finish_reason: str | None = None
     completed: bytes | None = None
     """The whole response ``response.completed`` carried (JSON), once it is sent."""
+    _held: list[Mapping[str, Any]] = attrs.Factory(list)
+    """Logprobs of tokens the parser has not placed yet (:meth:`chunk`)."""
 
     def _item_id(self, prefix: str) -> str:
         return f"{prefix}_{self.new_id()[:16]}"
@@ -364,7 +366,13 @@ class ResponsesEvents:
             assert isinstance(c.logprobs, tuple), "responses render chat's logprobs"
             logprobs = c.logprobs
         if c.parsed is not None:
-            return self._parsed(c.parsed, logprobs)
+            if c.parsed.empty:
+                # Tokens the parser holds back (a possible marker): their logprobs go with the
+                # content they turn out to be, as the whole response lists every token's.
+                self._held.extend(logprobs)
+                return b""
+            held, self._held = self._held, []
+            return self._parsed(c.parsed, [*held, *logprobs])
         if not c.text:
             return b""
         return self._content(c.text, logprobs)
