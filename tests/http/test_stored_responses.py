@@ -230,3 +230,15 @@ def test_a_cancelled_background_stream_ends_without_completing(slow: ServerProce
         tail = _events_of(chunks)
     assert "response.completed" not in [n for n, _ in head + tail]
     assert a.responses.retrieve(head[0][1]["response"]["id"]).status == "cancelled"
+
+
+def test_deleting_a_running_background_response_cancels_it(slow: ServerProcess) -> None:
+    a = _client(slow)
+    r = a.responses.create(input="Hello", max_output_tokens=2000, background=True, extra_body={"ignore_eos": True})
+    time.sleep(0.3)
+    a.responses.delete(r.id)
+    time.sleep(0.5)  # its run is over and stored nothing
+    with pytest.raises(openai.NotFoundError):
+        a.responses.retrieve(r.id)
+    metrics = httpx.get(slow.url + "/metrics", headers={"Authorization": f"Bearer {KEY_A}"}).text
+    assert "braid_engine_requests_in_flight 0.0" in metrics

@@ -167,7 +167,7 @@ def install(app: Any, state: AppState, store: Store, jobs: Jobs) -> None:
 
     @app.delete("/v1/responses/<response_id>")
     async def delete_response(response_id: str) -> Response:
-        return _answer(await responses_api.delete_response(store, _owner(), response_id))
+        return _answer(await responses_api.delete_response(state, store, _owner(), response_id))
 
 
 __all__ = ["PATHS", "BraidRequest", "install"]

@@ -414,8 +414,13 @@ async def retrieve_response(store: Store, owner: str, response_id: str, now: int
     return JsonResponse(200, found.body)
 
 
-async def delete_response(store: Store, owner: str, response_id: str) -> JsonResponse:
-    """``DELETE /v1/responses/{id}`` as OpenAI answers it (vLLM has none), or the 404."""
+async def delete_response(state: AppState, store: Store, owner: str, response_id: str) -> JsonResponse:
+    """``DELETE /v1/responses/{id}`` as OpenAI answers it (vLLM has none), or the 404. A
+    background response still running is cancelled first, so that its end does not store it
+    again."""
+    bg = state.background_responses.get((owner, response_id))
+    if bg is not None:
+        bg.scope.cancel()
     if not await store.delete_response(owner, response_id):
         return error_response(ResponseNotFound(response_id))
     return JsonResponse(200, encode({"id": response_id, "object": "response", "deleted": True}))
