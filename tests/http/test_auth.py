@@ -25,6 +25,7 @@ BODIES = {
     "/invocations": json.dumps({"messages": _CHAT, "max_tokens": 2}).encode(),
     "/v1/messages": json.dumps({"model": "scripted", "messages": _CHAT, "max_tokens": 2}).encode(),
     "/v1/messages/count_tokens": json.dumps({"model": "scripted", "messages": _CHAT}).encode(),
+    "/v1/responses": json.dumps({"input": "Hi", "max_output_tokens": 2}).encode(),
 }
 
 
@@ -87,6 +88,7 @@ ROUTES = [
     ("GET", "/get_load"),
     ("POST", "/v1/messages"),
     ("POST", "/v1/messages/count_tokens"),
+    ("POST", "/v1/responses"),
 ]
 
 

@@ -171,6 +171,7 @@ def test_every_route_conforms_to_the_document(keys: bool) -> None:
                 "POST /invocations",
                 "POST /v1/messages",
                 "POST /v1/messages/count_tokens",
+                "POST /v1/responses",
             }
         }
         assert server.live.engine.finished_total > 0, "no request reached the engine"

@@ -22,8 +22,16 @@ from tools.servers import ROUTE_FLAGS, TOOL_FLAGS, ServerProcess, run_vllm, tiny
 def vllm_reference(vllm_server: object) -> Iterator[ServerProcess]:
     # After braid's server: it builds the model (once per machine) that both then serve.
     log = Path(os.environ.get("BRAID_VLLM_REFERENCE_LOG", "/tmp/braid-parity-vllm.log"))
+    # VLLM_ENABLE_RESPONSES_API_STORE: vLLM stores /v1/responses answers (in memory), so the
+    # stored-responses cases (tests/parity/test_responses_parity.py) compare with braid's store.
     with run_vllm(
-        *TOOL_FLAGS, *ROUTE_FLAGS, "--enable-server-load-tracking", model_dir=tiny_model_dir(), seed=0, log=log
+        *TOOL_FLAGS,
+        *ROUTE_FLAGS,
+        "--enable-server-load-tracking",
+        model_dir=tiny_model_dir(),
+        seed=0,
+        log=log,
+        env={"VLLM_ENABLE_RESPONSES_API_STORE": "1"},
     ) as server:
         yield server
 

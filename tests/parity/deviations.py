@@ -264,6 +264,19 @@ def _messages_schema_error_shape(braid: Reply, vllm: Reply, body: Any) -> list[s
     return problems
 
 
+def _responses_function_tools_only(braid: Reply, vllm: Reply, body: Any) -> list[str]:
+    """``/v1/responses`` with a tool that is not a function tool (``web_search_preview``...): vLLM
+    without its tool server ignores it and answers; braid refuses it with a 400 naming ``tools``
+    rather than leave out a tool the client counts on."""
+    problems = []
+    if vllm.status != 200:
+        problems.append(f"vLLM no longer ignores the tool: status {vllm.status}")
+    error = (braid.body or {}).get("error", {}) if isinstance(braid.body, dict) else {}
+    if braid.status != 400 or error.get("param") != "tools":
+        problems.append(f"braid should refuse the tool with a 400 naming tools, got {braid.status} {error}")
+    return problems
+
+
 DEVIATIONS: dict[str, Deviation] = {
     d.key: d
     for d in (
@@ -331,6 +344,11 @@ DEVIATIONS: dict[str, Deviation] = {
             "request_id_names_the_response",
             "X-Request-Id made by the server on a generating route is the response's id (vLLM: a new uuid4)",
             _request_id_names_the_response,
+        ),
+        Deviation(
+            "responses_function_tools_only",
+            "/v1/responses refuses tools other than function tools (vLLM without a tool server ignores them)",
+            _responses_function_tools_only,
         ),
     )
 }

@@ -15,6 +15,7 @@ from tests.parity.deviations import DEVIATIONS
 from tests.parity.matrix import MATRIX, Case
 from tests.parity.messages_matrix import MESSAGES_MATRIX
 from tests.parity.report import RESULTS, Result
+from tests.parity.responses_cases import RESPONSES_CASES
 from tools.servers import ServerProcess
 
 pytestmark = pytest.mark.vllm
@@ -53,7 +54,7 @@ def test_matrix_is_large_and_names_are_unique() -> None:
 def test_every_deviation_is_documented_and_used() -> None:
     text = DOCS.read_text()
     documented = set(re.findall(r"`deviation:([a-z_]+)`", text))
-    used = {c.deviation for c in (*MATRIX, *MESSAGES_MATRIX) if c.deviation}
+    used = {c.deviation for c in (*MATRIX, *MESSAGES_MATRIX, *RESPONSES_CASES) if c.deviation}
     assert used <= set(DEVIATIONS)
     assert set(DEVIATIONS) == documented, "docs/compatibility.md must name every deviation as `deviation:<key>`"
     assert used == set(DEVIATIONS), "every deviation must be exercised by at least one case"

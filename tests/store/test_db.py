@@ -11,7 +11,15 @@ import pytest
 
 from braid.store.db import MIGRATIONS, SCHEMA_VERSION, Store, StoreError, open_store
 from braid.store.options import StoreOptions
-from braid.store.records import BatchRecord, BatchUsage, FileRecord, RequestCounts, new_id, owner_of
+from braid.store.records import (
+    BatchRecord,
+    BatchUsage,
+    FileRecord,
+    RequestCounts,
+    StoredResponse,
+    new_id,
+    owner_of,
+)
 
 NOW = 1_800_000_000
 
@@ -64,7 +72,7 @@ async def test_a_version_1_database_is_migrated_keeping_its_jobs(tmp_path: Path)
         old = await store.get_batch("o", "batch_old")
     assert old is not None and (old.counts, old.usage) == (RequestCounts(3, 3, 0), None)
     conn = sqlite3.connect(tmp_path / "store" / "store.db")
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
 
 
 async def test_an_unusable_directory_is_one_clear_error(tmp_path: Path) -> None:
@@ -164,3 +172,21 @@ async def test_the_total_cap_counts_stored_and_arriving_bytes(tmp_path: Path) ->
         assert not store.reserve(2)
         store.release(3)
         assert store.reserve(4)
+
+
+async def test_responses_are_kept_per_owner_until_they_expire(tmp_path: Path) -> None:
+    a, b = owner_of("key-a"), owner_of("key-b")
+    async with open_store(_options(tmp_path), NOW) as store:
+        await store.put_response(StoredResponse("resp_1", a, NOW, NOW + 10, b'{"x":1}', b"[]"), NOW)
+        await store.put_response(StoredResponse("resp_1", b, NOW, NOW + 10, b'{"x":2}', b"[]"), NOW)
+        assert (await store.get_response(a, "resp_1", NOW)).body == b'{"x":1}'  # type: ignore[union-attr]
+        assert (await store.get_response(b, "resp_1", NOW)).body == b'{"x":2}'  # type: ignore[union-attr]
+        # the same owner and id again: replaced
+        await store.put_response(StoredResponse("resp_1", a, NOW, NOW + 10, b'{"x":3}', b"[]"), NOW)
+        assert (await store.get_response(a, "resp_1", NOW)).body == b'{"x":3}'  # type: ignore[union-attr]
+        assert await store.get_response(a, "resp_1", NOW + 10) is None  # expired: never read
+        assert await store.delete_response(b, "resp_1") and not await store.delete_response(b, "resp_1")
+        # a write sweeps what expired: the table does not grow past the retention
+        await store.put_response(StoredResponse("resp_2", a, NOW + 20, NOW + 30, b"{}", b"[]"), NOW + 20)
+        count = await store._call(lambda: store._conn.execute("SELECT COUNT(*) FROM responses").fetchone()[0])
+        assert count == 1

@@ -33,7 +33,7 @@ import hashlib
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import BinaryIO, cast
 
@@ -198,6 +198,14 @@ class BatchRunner:
             return
         job = self._jobs[record.id] = _Job(record)
         self._nursery.start_soon(self._run_job, job, name=f"batch {record.id}")
+
+    def spawn(self, fn: Callable[..., Awaitable[None]], *args: object, name: str) -> bool:
+        """Run other background work of the server's (a ``background`` response) in the runner's
+        nursery, so that it ends with the runner; False when the runner is not running."""
+        if self._nursery is None:
+            return False
+        self._nursery.start_soon(fn, *args, name=name)
+        return True
 
     async def cancel(self, record: BatchRecord) -> BatchRecord:
         """Cancel an active job: ``cancelling`` while its running lines are aborted, then

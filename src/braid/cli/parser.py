@@ -424,6 +424,15 @@ def add_storage_options(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="requests one batch's input file may hold",
     )
+    add_field_option(
+        d,
+        StoreOptions,
+        "response_retention",
+        "--response-retention",
+        type=positive_int,
+        metavar="SECONDS",
+        help="stored /v1/responses answers (store: true) are deleted this long after they were made",
+    )
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:

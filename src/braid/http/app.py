@@ -29,7 +29,7 @@ from braid.engine.base import Engine, LoraLoader
 from braid.errors import BraidError, error_payload
 from braid.http import access_log, auth, cors, counting, forwarded, limits, orca, request_id, storage
 from braid.http import load as load_tracking
-from braid.http.auth import BACKGROUND
+from braid.http.auth import BACKGROUND, OWNER
 from braid.metrics import EngineFamilies, Metrics
 from braid.routes import (
     anthropic,
@@ -43,9 +43,11 @@ from braid.routes import (
     tokenize,
     tokenizer_info,
 )
+from braid.routes import responses as responses_api
 from braid.routes.common import AppState, JsonResponse, Route, ViewResult, error_headers
 from braid.settings import Settings
 from braid.store.db import Store
+from braid.store.records import ANONYMOUS
 from braid.wire import openapi
 from braid.wire import shapes as responses
 from braid.wire.output import error_body
@@ -76,6 +78,7 @@ POST_ROUTES: tuple[Route, ...] = (
     *chat.ROUTES,
     *tokenize.ROUTES,
     *invocations.ROUTES,
+    *responses_api.ROUTES,
     *anthropic.ROUTES,
 )
 """Every POST route of the API, each declared beside its view (its path, view and OpenAPI entry)."""
@@ -145,12 +148,14 @@ def _serve(app: BraidApp, state: AppState, route: Route) -> None:
 
     async def handler() -> Response:
         client_id = request.headers.get("X-Request-Id")
+        owner = {"owner": str(request.scope.get(OWNER, ANONYMOUS))} if route.owned else {}
         result = await view(
             state,
             read_body,
             content_type=request.headers.get("Content-Type"),
             request_id=client_id,
             background=bool(request.scope.get(BACKGROUND, False)),
+            **owner,  # type: ignore[arg-type]
         )
         if route.reports_load and isinstance(result, JsonResponse) and result.status == 200:
             report = orca.load_header(request.headers.get(orca.FORMAT_HEADER), state.metrics)
@@ -206,7 +211,7 @@ def create_app(
     cors.install(app, settings)
     # Outside CORS: a preflight and a 401 carry the id too, as vLLM's (its outermost middleware).
     request_id.install(app, settings.serving.request_id_headers)
-    state = AppState(engine, settings, metrics or Metrics(), parsers=_parsers(engine, settings))
+    state = AppState(engine, settings, metrics or Metrics(), parsers=_parsers(engine, settings), store=store)
     served = operations(settings, store=store is not None)
     # Outside those: a 401, a preflight and a 404 are answers too.
     counting.install(app, state.metrics.http_responses, frozenset(op.path for op in served))
@@ -246,6 +251,7 @@ def create_app(
         _serve(app, state, route)
     if store is not None:
         runner = BatchRunner(state, store)
+        state.spawn = runner.spawn
         state.metrics.track_batches(lambda: runner.active)
         app.extensions["braid.batches"] = runner
         storage.install(app, state, store, runner)

@@ -1,4 +1,5 @@
-"""The store's routes on the quart app: ``/v1/files`` and ``/v1/batches``.
+"""The store's routes on the quart app: ``/v1/files``, ``/v1/batches`` and the stored
+``/v1/responses/{id}`` (retrieve, delete).
 
 Each handler reads the request's parts (its owner from ``braid.http.auth``'s :data:`OWNER`,
 or the anonymous owner without keys), calls its quart-free view in :mod:`braid.routes.files`
@@ -19,9 +20,11 @@ from typing import Any
 from quart import Response, request
 from quart_trio.wrappers.request import TrioRequest
 
+from braid.errors import SchemaError
 from braid.http import limits
 from braid.http.auth import OWNER
 from braid.routes import batches, files
+from braid.routes import responses as responses_api
 from braid.routes.batches import Jobs
 from braid.routes.common import AppState, JsonResponse, require_json
 from braid.store.db import Store
@@ -129,6 +132,31 @@ def install(app: Any, state: AppState, store: Store, jobs: Jobs) -> None:
     @app.post("/v1/batches/<batch_id>/cancel")
     async def cancel_batch(batch_id: str) -> Response:
         return _answer(await batches.cancel(store, _owner(), batch_id, jobs=jobs, now=now()))
+
+    @app.get("/v1/responses/<response_id>")
+    async def retrieve_response(response_id: str) -> Response:
+        if request.args.get("stream", "").lower() != "true":
+            return _answer(await responses_api.retrieve_response(store, _owner(), response_id, now()))
+        after = request.args.get("starting_after")
+        if after is not None and not after.lstrip("-").isdigit():
+            raise SchemaError("starting_after must be an integer.", param="query.starting_after")
+        events = responses_api.stream_background(state, _owner(), response_id, None if after is None else int(after))
+        response = Response(
+            events,
+            status=200,
+            mimetype="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Request-Id": response_id},
+        )
+        response.timeout = None  # as every stream: quart's response timeout would cut it
+        return response
+
+    @app.post("/v1/responses/<response_id>/cancel")
+    async def cancel_response(response_id: str) -> Response:
+        return _answer(await responses_api.cancel_response(state, store, _owner(), response_id, now()))
+
+    @app.delete("/v1/responses/<response_id>")
+    async def delete_response(response_id: str) -> Response:
+        return _answer(await responses_api.delete_response(state, store, _owner(), response_id))
 
 
 __all__ = ["BraidRequest", "install"]

@@ -21,7 +21,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import attrs
 import trio
@@ -49,6 +49,7 @@ from braid.wire.output import error_body
 
 if TYPE_CHECKING:
     from braid.engine.vllm_parsers import Parsers  # imports vLLM: only a server with parser flags loads it
+    from braid.store.db import Store
 
 DRAINING_RETRY_AFTER = 5
 """Seconds a client of a draining server is told to wait: behind a proxy its retry reaches a
@@ -81,6 +82,16 @@ class AppState:
     parsers: Parsers | None = None
     """The server's tool-call and reasoning parsers (``--tool-call-parser``, ``--reasoning-parser``);
     None when no flag names one, and then no request pays for them."""
+    store: Store | None = None
+    """The server's store (``braid serve`` opens one): stored ``/v1/responses`` answers."""
+    spawn: Callable[..., bool] | None = None
+    """Starts server-lifetime background work (``spawn(fn, *args, name=...)``, False when it
+    cannot): the batch runner's nursery, on a server with a store. ``background`` responses run
+    there."""
+    background_responses: dict[tuple[str, str], Any] = attrs.Factory(dict)
+    """The ``background`` responses running now, by (owner, id): what a cancel cancels and a
+    ``GET ...?stream=true`` reads (:mod:`braid.routes.responses`). Bounded by admission (each
+    holds a ticket of the background class)."""
     draining: bool = False
     runs: set[CompletionRun] = attrs.Factory(set)
     """The runs open now (each adds itself on entry and leaves on exit; see :meth:`end_runs`)."""
@@ -146,6 +157,9 @@ class Route:
     """Its whole 200 answers carry vLLM's ORCA load report when the request asks for one
     (``endpoint-load-metrics-format``: :mod:`braid.http.orca`), as vLLM's completions and chat
     routes do."""
+    owned: bool = False
+    """Its view takes the request's ``owner`` too (the API key's owner id, or the anonymous
+    owner: :mod:`braid.store.records`), for what it keeps in the store."""
     adapt_body: Callable[[bytes, Callable[[str], str | None]], bytes] | None = None
     """Rewrites the body from the request's headers (given as a lookup by name) before the view
     reads it (``/invocations``: SageMaker's adapter header sets ``model``)."""

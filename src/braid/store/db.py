@@ -48,6 +48,7 @@ from braid.store.records import (
     BatchUsage,
     FileRecord,
     RequestCounts,
+    StoredResponse,
 )
 
 T = TypeVar("T")
@@ -93,6 +94,21 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     # 2: a job's token usage, summed when it ends (JSON; NULL before).
     ("ALTER TABLE batches ADD COLUMN usage TEXT",),
+    # 3: stored /v1/responses answers. An id is the owner's (a client may name its response:
+    # request_id), so two owners' responses may share one.
+    (
+        """CREATE TABLE responses (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            id TEXT NOT NULL,
+            owner TEXT NOT NULL,
+            created_at INTEGER NOT NULL,
+            expires_at INTEGER NOT NULL,
+            body BLOB NOT NULL,
+            messages BLOB NOT NULL,
+            UNIQUE (owner, id)
+        )""",
+        "CREATE INDEX responses_by_expiry ON responses (expires_at)",
+    ),
 )
 """Each schema version's statements; the database's ``user_version`` is how many have run."""
 
@@ -304,6 +320,45 @@ class Store:
             self._used -= size
             self.path(file_id).unlink(missing_ok=True)
 
+    # --- responses --------------------------------------------------------------------------
+
+    async def put_response(self, record: StoredResponse, now: int) -> None:
+        """Keep a response (one of the same owner and id is replaced, as a client that names
+        its responses reuses a name), after deleting the expired ones: every write sweeps, so
+        the table holds at most what the retention lets in."""
+        row = (record.id, record.owner, record.created_at, record.expires_at, record.body, record.messages)
+
+        def put() -> None:
+            self._conn.execute("DELETE FROM responses WHERE expires_at <= ?", (now,))
+            self._conn.execute(
+                "INSERT OR REPLACE INTO responses (id, owner, created_at, expires_at, body, messages) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                row,
+            )
+
+        await self._call(put)
+
+    async def get_response(self, owner: str, response_id: str, now: int) -> StoredResponse | None:
+        """The owner's response of this id, unless it expired; None otherwise (another owner's
+        is None too)."""
+        row = await self._call(
+            lambda: self._conn.execute(
+                "SELECT id, owner, created_at, expires_at, body, messages FROM responses "
+                "WHERE id = ? AND owner = ? AND expires_at > ?",
+                (response_id, owner, now),
+            ).fetchone()
+        )
+        return None if row is None else StoredResponse(row[0], row[1], row[2], row[3], bytes(row[4]), bytes(row[5]))
+
+    async def delete_response(self, owner: str, response_id: str) -> bool:
+        """Delete the owner's response; False when the owner has none of this id."""
+        row = await self._call(
+            lambda: self._conn.execute(
+                "DELETE FROM responses WHERE id = ? AND owner = ? RETURNING id", (response_id, owner)
+            ).fetchone()
+        )
+        return row is not None
+
     # --- batches ----------------------------------------------------------------------------
 
     async def add_batch(self, record: BatchRecord) -> None:
@@ -393,7 +448,7 @@ class Store:
     # --- retention ----------------------------------------------------------------------------
 
     async def sweep(self, now: int) -> int:
-        """Delete expired files (rows, then bytes); return how many went. (A job past its window
+        """Delete expired files (rows, then bytes) and expired responses; return how many files went. (A job past its window
         is the runner's to end: :mod:`braid.batch.runner`.)"""
 
         def sweep() -> int:
@@ -401,6 +456,7 @@ class Store:
                 "DELETE FROM files WHERE expires_at IS NOT NULL AND expires_at <= ? RETURNING id, bytes", (now,)
             ).fetchall()
             self._unlink(rows)
+            self._conn.execute("DELETE FROM responses WHERE expires_at <= ?", (now,))
             return len(rows)
 
         return await self._call(sweep)

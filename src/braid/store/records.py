@@ -135,6 +135,21 @@ class BatchRecord:
     """Set when the job ends (its output file's rows summed); None before, or for a failed job."""
 
 
+@attrs.frozen
+class StoredResponse:
+    """A ``/v1/responses`` answer kept for ``GET /v1/responses/{id}`` and ``previous_response_id``."""
+
+    id: str
+    owner: str
+    created_at: int
+    expires_at: int
+    """When it is deleted (``--response-retention`` after it was made)."""
+    body: bytes
+    """The ``response`` object as it was answered (JSON)."""
+    messages: bytes
+    """The conversation it answered, as chat messages (a JSON list): the next turn's history."""
+
+
 __all__ = [
     "ACTIVE_STATUSES",
     "ANONYMOUS",
@@ -147,6 +162,7 @@ __all__ = [
     "FilePurpose",
     "FileRecord",
     "RequestCounts",
+    "StoredResponse",
     "new_id",
     "owner_of",
 ]
