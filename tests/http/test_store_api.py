@@ -468,6 +468,8 @@ def test_the_store_routes_are_documented_and_counted_by_template(server: ServerP
         "/v1/batches": {"get", "post"},
         "/v1/batches/{batch_id}": {"get"},
         "/v1/batches/{batch_id}/cancel": {"post"},
+        "/v1/responses/{response_id}": {"get", "delete"},
+        "/v1/responses/{response_id}/cancel": {"post"},
     }
     assert {p: set(doc["paths"][p]) for p in store_paths} == store_paths
     schemathesis.openapi.from_dict(doc).validate()
@@ -475,7 +477,7 @@ def test_the_store_routes_are_documented_and_counted_by_template(server: ServerP
     assert "401" in doc["paths"]["/v1/files/{file_id}"]["get"]["responses"]
     assert "404" in doc["paths"]["/v1/batches/{batch_id}"]["get"]["responses"]
     before = _samples(server)
-    for path in ("/v1/files/file-nope", "/v1/batches/batch_nope", "/v1/files/file-nope/content"):
+    for path in ("/v1/files/file-nope", "/v1/batches/batch_nope", "/v1/files/file-nope/content", "/v1/responses/x"):
         assert httpx.get(server.url + path, headers=auth, timeout=5).status_code == 404
     after = _samples(server)
 
@@ -483,8 +485,10 @@ def test_the_store_routes_are_documented_and_counted_by_template(server: ServerP
         name = f'braid_http_responses_total{{route="{route}",status="404"}}'
         return after.get(name, 0.0) - before.get(name, 0.0)
 
-    assert (grew("/v1/files/{file_id}"), grew("/v1/batches/{batch_id}"), grew("/v1/files/{file_id}/content")) == (
-        1.0,
-        1.0,
-        1.0,
+    routes = (
+        "/v1/files/{file_id}",
+        "/v1/batches/{batch_id}",
+        "/v1/files/{file_id}/content",
+        "/v1/responses/{response_id}",
     )
+    assert [grew(r) for r in routes] == [1.0, 1.0, 1.0, 1.0]

@@ -96,8 +96,12 @@ ROUTES = frozenset(op.path for op in OPERATIONS)
 updating is allowed (:func:`operations`)."""
 
 
-STORE_OPERATIONS: tuple[openapi.Operation, ...] = (*files.OPERATIONS, *batches.OPERATIONS)
-"""The routes on braid's store (``/v1/files``, ``/v1/batches``), served with a store."""
+STORE_OPERATIONS: tuple[openapi.Operation, ...] = (
+    *files.OPERATIONS,
+    *batches.OPERATIONS,
+    *responses_api.STORED_OPERATIONS,
+)
+"""The routes on braid's store (``/v1/files``, ``/v1/batches``, stored responses), served with a store."""
 
 
 def operations(settings: Settings, store: bool = False) -> tuple[openapi.Operation, ...]:

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 import attrs
 import trio
 
-from braid.errors import BraidError, EngineUnavailable
+from braid.errors import BraidError, EngineUnavailable, SchemaError
 from braid.routes.body import CompletionStream
 from braid.routes.chat import constrain, request_parsers
 from braid.routes.common import (
@@ -54,7 +54,7 @@ from braid.stream.render import ChoiceRenderer
 from braid.stream.run import CompletionRun
 from braid.stream.tokenize import render_conversations
 from braid.wire.completions_request import TextPrompt, build_request
-from braid.wire.openapi import GENERATION_ERRORS, REQUEST_ID, Operation, Outcome, json_body, ref
+from braid.wire.openapi import GENERATION_ERRORS, REQUEST_ID, Operation, Outcome, error_outcomes, json_body, ref
 from braid.wire.output import HEARTBEAT, encode
 from braid.wire.responses_request import (
     ResponseNotFound,
@@ -510,8 +510,54 @@ ROUTES = (
 )
 
 
+_RESPONSE_ID = {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
+
+STORED_OPERATIONS = (
+    Operation(
+        "get",
+        "/v1/responses/{response_id}",
+        "A stored response (`store: true`); with `stream=true`, a running background response's events",
+        (
+            Outcome(
+                200,
+                "The response object; with `stream=true`, its events from `starting_after` on.",
+                {"application/json": {"schema": _RESPONSE_SCHEMA}, "text/event-stream": {}},
+            ),
+            *error_outcomes(ResponsesInvalid, SchemaError, ResponseNotFound),
+        ),
+        parameters=(
+            _RESPONSE_ID,
+            {"name": "stream", "in": "query", "required": False, "schema": {"type": "boolean"}},
+            {"name": "starting_after", "in": "query", "required": False, "schema": {"type": "integer"}},
+        ),
+    ),
+    Operation(
+        "delete",
+        "/v1/responses/{response_id}",
+        "Delete a stored response (OpenAI's route; vLLM has none); a running background one is cancelled",
+        (
+            Outcome(200, "`{id, object, deleted}`.", {"application/json": {"schema": {"type": "object"}}}),
+            *error_outcomes(ResponseNotFound),
+        ),
+        parameters=(_RESPONSE_ID,),
+    ),
+    Operation(
+        "post",
+        "/v1/responses/{response_id}/cancel",
+        "Cancel a background response still running",
+        (
+            Outcome(200, "The response, cancelled.", {"application/json": {"schema": _RESPONSE_SCHEMA}}),
+            *error_outcomes(ResponsesInvalid, ResponseNotFound),
+        ),
+        parameters=(_RESPONSE_ID,),
+    ),
+)
+"""The stored-response routes' OpenAPI entries (documented when the app has a store)."""
+
+
 __all__ = [
     "ROUTES",
+    "STORED_OPERATIONS",
     "ResponsesMerger",
     "cancel_response",
     "create_response",
