@@ -99,7 +99,7 @@ MUTANTS = [
     Mutant(
         "second_done",
         "stream/merge.py",
-        (("        return DONE\n\n    def fail", "        return DONE + DONE\n\n    def fail"),),
+        (("        return self.done\n\n    def fail", "        return self.done + self.done\n\n    def fail"),),
         "a stream without usage ends with two [DONE]",
     ),
     Mutant(
@@ -130,8 +130,8 @@ MUTANTS = [
         "stream/merge.py",
         (
             (
-                "        return self.events.error(err) + DONE",
-                "        return self.events.usage(usage_of(self.plan, self.renderer)) + self.events.error(err) + DONE",
+                "        return self.events.error(err) + self.done",
+                "        return self.events.usage(usage_of(self.plan, self.renderer)) + self.events.error(err) + self.done",
             ),
         ),
         "a failed stream sends a usage chunk before its error event",
@@ -139,7 +139,7 @@ MUTANTS = [
     Mutant(
         "error_without_done",
         "stream/merge.py",
-        (("        return self.events.error(err) + DONE", "        return self.events.error(err)"),),
+        (("        return self.events.error(err) + self.done", "        return self.events.error(err)"),),
         "an error event is not followed by [DONE]",
     ),
     Mutant(
@@ -491,6 +491,54 @@ MUTANTS = [
             ),
         ),
         "a background request waits while any interactive request holds slots, not only while one waits",
+    ),
+    # The dialects' streams (model/dialects.py, property_tests/test_dialects.py).
+    Mutant(
+        "responses_sequence_repeats",
+        "wire/responses_response.py",
+        (("        self._seq += 1\n", ""),),
+        "every Responses event has sequence_number 0 (R2)",
+    ),
+    Mutant(
+        "responses_call_item_not_closed",
+        "wire/responses_response.py",
+        (
+            (
+                ') + self._event("response.output_item.done", {"item": done, "output_index": index})',
+                ")",
+            ),
+        ),
+        "a function_call item is never closed with response.output_item.done (R4, R6)",
+    ),
+    Mutant(
+        "responses_error_before_opening",
+        "routes/responses.py",
+        (
+            (
+                "        if not self._opened:\n            self._opened = True\n            opening = self.events.opening()\n"
+                "        return opening + self.events.error(err)",
+                "        return opening + self.events.error(err)",
+            ),
+        ),
+        "a Responses stream that fails before its first token is only an error event, without "
+        "response.created (R3; vLLM's opens first)",
+    ),
+    Mutant(
+        "messages_block_not_stopped",
+        "wire/anthropic_response.py",
+        (('        out += _event("content_block_stop", {"type": "content_block_stop", "index": self.index})\n', ""),),
+        "content blocks are never closed with content_block_stop (M3)",
+    ),
+    Mutant(
+        "messages_no_message_delta",
+        "wire/anthropic_response.py",
+        (
+            (
+                '        return out + _event("message_stop", {"type": "message_stop"})',
+                '        return _event("message_stop", {"type": "message_stop"})',
+            ),
+        ),
+        "a Messages stream ends without message_delta (its stop reason and usage) (M2)",
     ),
 ]
 

@@ -95,7 +95,13 @@ class ResponsesMerger(StreamMerger):
     def fail(self, err: BraidError) -> bytes:
         self._require_streaming()
         self.phase = Phase.DONE
-        return self.events.error(err)
+        # vLLM's stream has sent response.created and .in_progress before it reads the engine:
+        # a request that fails before its first output still opens with them, then the error.
+        opening = b""
+        if not self._opened:
+            self._opened = True
+            opening = self.events.opening()
+        return opening + self.events.error(err)
 
 
 @attrs.define
