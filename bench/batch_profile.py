@@ -60,7 +60,8 @@ def _probe_env(steps_dir: Path) -> dict[str, str]:
     if steps_dir.exists():
         shutil.rmtree(steps_dir)
     steps_dir.mkdir(parents=True)
-    return {"PYTHONPATH": f"{site}:{ROOT}", "BRAID_STEP_PROBE": str(steps_dir)}
+    # this checkout's src/ ahead of any installed braid, so the servers run the code being measured
+    return {"PYTHONPATH": f"{site}:{ROOT / 'src'}:{ROOT}", "BRAID_STEP_PROBE": str(steps_dir)}
 
 
 class ProbedWorker(Worker):
