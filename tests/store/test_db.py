@@ -190,3 +190,32 @@ async def test_responses_are_kept_per_owner_until_they_expire(tmp_path: Path) ->
         await store.put_response(StoredResponse("resp_2", a, NOW + 20, NOW + 30, b"{}", b"[]"), NOW + 20)
         count = await store._call(lambda: store._conn.execute("SELECT COUNT(*) FROM responses").fetchone()[0])
         assert count == 1
+
+
+async def test_stored_responses_stay_under_their_space_cap(tmp_path: Path) -> None:
+    """Past ``max_response_bytes`` the oldest responses (any owner's) make room; one larger than
+    the cap alone is not stored; the count survives deletes, sweeps and a reopen."""
+    a, b = owner_of("key-a"), owner_of("key-b")
+    options = _options(tmp_path, max_response_bytes=300)
+
+    def record(n: int, owner: str, size: int = 100, expires: int = NOW + 100) -> StoredResponse:
+        return StoredResponse(f"resp_{n}", owner, NOW, expires, b"x" * (size - 2), b"[]")
+
+    async with open_store(options, NOW) as store:
+        for n in range(3):
+            assert await store.put_response(record(n, a if n % 2 else b), NOW)
+        assert store.response_bytes == 300
+        assert await store.put_response(record(3, a), NOW)  # the oldest (resp_0, b's) goes
+        assert await store.get_response(b, "resp_0", NOW) is None
+        assert await store.get_response(a, "resp_3", NOW) is not None and store.response_bytes == 300
+        assert not await store.put_response(record(4, a, size=301), NOW)  # too large alone
+        assert await store.get_response(a, "resp_4", NOW) is None and store.response_bytes == 300
+        # replacing one counts the old one out
+        assert await store.put_response(record(3, a, size=50), NOW) and store.response_bytes == 250
+        assert await store.delete_response(a, "resp_3") and store.response_bytes == 200
+        await store.put_response(record(5, b, expires=NOW + 1), NOW)
+        assert store.response_bytes == 300
+        await store.sweep(NOW + 1)  # resp_5 expired
+        assert store.response_bytes == 200
+    async with open_store(options, NOW) as store:
+        assert store.response_bytes == 200

@@ -433,6 +433,14 @@ def add_storage_options(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="stored /v1/responses answers (store: true) are deleted this long after they were made",
     )
+    add_field_option(
+        d,
+        StoreOptions,
+        "max_response_bytes",
+        "--max-response-bytes",
+        type=positive_int,
+        help="all stored /v1/responses answers together (every key's); past it the oldest are deleted first",
+    )
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:

@@ -381,7 +381,8 @@ def _keeper(state: AppState, req: ResponsesRequest, owner: str) -> Keep | None:
         now = int(state.now())
         record = StoredResponse(response_id, owner, now, now + retention, body, messages)
         try:
-            await store.put_response(record, now)
+            if not await store.put_response(record, now):
+                log.warning("the response %s is larger than --max-response-bytes: not stored", response_id)
         except (OSError, sqlite3.Error):
             log.exception("the response %s could not be stored", response_id)
 

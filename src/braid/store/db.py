@@ -119,6 +119,9 @@ class StoreError(Exception):
     """The store cannot be opened (a directory braid cannot write, a database of a newer braid)."""
 
 
+_RESPONSE_SIZE = "length(body) + length(messages)"
+"""A stored response's bytes, as the cap counts them."""
+
 _FILE_COLUMNS = "id, owner, filename, purpose, bytes, created_at, expires_at"
 _BATCH_COLUMNS = (
     "id, owner, endpoint, input_file_id, completion_window, status, created_at, expires_at, "
@@ -218,6 +221,8 @@ class Store:
         """Bytes of uploads still arriving, counted against the total-space cap."""
         self._used = 0
         """Bytes of every stored file (kept with the rows: :meth:`add_file`, :meth:`_drop_files`)."""
+        self._response_bytes = 0
+        """Bytes of every stored response (kept with the rows, on the store's thread)."""
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
@@ -322,21 +327,43 @@ class Store:
 
     # --- responses --------------------------------------------------------------------------
 
-    async def put_response(self, record: StoredResponse, now: int) -> None:
+    async def put_response(self, record: StoredResponse, now: int) -> bool:
         """Keep a response (one of the same owner and id is replaced, as a client that names
         its responses reuses a name), after deleting the expired ones: every write sweeps, so
-        the table holds at most what the retention lets in."""
+        the table holds at most what the retention lets in. Past ``max_response_bytes`` the
+        oldest responses are deleted to make room. False: not stored (larger than the cap
+        alone)."""
         row = (record.id, record.owner, record.created_at, record.expires_at, record.body, record.messages)
+        size = len(record.body) + len(record.messages)
+        cap = self.options.max_response_bytes
 
-        def put() -> None:
-            self._conn.execute("DELETE FROM responses WHERE expires_at <= ?", (now,))
-            self._conn.execute(
-                "INSERT OR REPLACE INTO responses (id, owner, created_at, expires_at, body, messages) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
+        def put() -> bool:
+            conn = self._conn
+            freed = conn.execute(f"DELETE FROM responses WHERE expires_at <= ? RETURNING {_RESPONSE_SIZE}", (now,))
+            gone = sum(r[0] for r in freed.fetchall())
+            same = conn.execute(
+                f"DELETE FROM responses WHERE id = ? AND owner = ? RETURNING {_RESPONSE_SIZE}",
+                (record.id, record.owner),
+            )
+            gone += sum(r[0] for r in same.fetchall())
+            self._response_bytes -= gone
+            if size > cap:
+                return False
+            while self._response_bytes + size > cap:
+                oldest = conn.execute(
+                    f"DELETE FROM responses WHERE seq = (SELECT MIN(seq) FROM responses) RETURNING {_RESPONSE_SIZE}"
+                ).fetchall()
+                if not oldest:
+                    break
+                self._response_bytes -= sum(r[0] for r in oldest)
+            conn.execute(
+                "INSERT INTO responses (id, owner, created_at, expires_at, body, messages) VALUES (?, ?, ?, ?, ?, ?)",
                 row,
             )
+            self._response_bytes += size
+            return True
 
-        await self._call(put)
+        return await self._call(put)
 
     async def get_response(self, owner: str, response_id: str, now: int) -> StoredResponse | None:
         """The owner's response of this id, unless it expired; None otherwise (another owner's
@@ -352,12 +379,17 @@ class Store:
 
     async def delete_response(self, owner: str, response_id: str) -> bool:
         """Delete the owner's response; False when the owner has none of this id."""
-        row = await self._call(
-            lambda: self._conn.execute(
-                "DELETE FROM responses WHERE id = ? AND owner = ? RETURNING id", (response_id, owner)
+
+        def delete() -> bool:
+            row = self._conn.execute(
+                f"DELETE FROM responses WHERE id = ? AND owner = ? RETURNING {_RESPONSE_SIZE}", (response_id, owner)
             ).fetchone()
-        )
-        return row is not None
+            if row is None:
+                return False
+            self._response_bytes -= row[0]
+            return True
+
+        return await self._call(delete)
 
     # --- batches ----------------------------------------------------------------------------
 
@@ -456,7 +488,10 @@ class Store:
                 "DELETE FROM files WHERE expires_at IS NOT NULL AND expires_at <= ? RETURNING id, bytes", (now,)
             ).fetchall()
             self._unlink(rows)
-            self._conn.execute("DELETE FROM responses WHERE expires_at <= ?", (now,))
+            freed = self._conn.execute(
+                f"DELETE FROM responses WHERE expires_at <= ? RETURNING {_RESPONSE_SIZE}", (now,)
+            ).fetchall()
+            self._response_bytes -= sum(r[0] for r in freed)
             return len(rows)
 
         return await self._call(sweep)
@@ -471,6 +506,13 @@ class Store:
             if stored.name not in known:
                 stored.unlink(missing_ok=True)
         self._used = sum(known.values())
+        total = self._conn.execute(f"SELECT COALESCE(SUM({_RESPONSE_SIZE}), 0) FROM responses").fetchone()
+        self._response_bytes = int(total[0])
+
+    @property
+    def response_bytes(self) -> int:
+        """Bytes of the stored responses (bodies and conversations)."""
+        return self._response_bytes
 
     def close(self) -> None:
         self._conn.close()

@@ -34,6 +34,10 @@ class StoreOptions:
     response_retention: int = attrs.field(default=30 * DAY, validator=attrs.validators.gt(0))
     """Seconds a stored ``/v1/responses`` answer is kept after it was made (OpenAI keeps them
     30 days); on disk, swept as files are, so stored responses never grow braid's memory."""
+    max_response_bytes: int = attrs.field(default=2**30, validator=attrs.validators.gt(0))
+    """All stored ``/v1/responses`` answers together (every key's, with their conversations):
+    storing one more first deletes the oldest ones, so clients cannot fill the disk within the
+    retention; one larger than this alone is not stored."""
 
 
 __all__ = ["DAY", "StoreOptions", "default_storage_dir"]
