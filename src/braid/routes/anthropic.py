@@ -34,14 +34,13 @@ from braid.errors import (
     TooManyRequests,
     Unauthorized,
 )
-from braid.routes.chat import choice_parsing, constrain, engine_reasoning, request_parsers
+from braid.routes.chat import chat_prompts, choice_parsing, engine_reasoning, parsed_body
 from braid.routes.common import (
     AppState,
     JsonResponse,
     Route,
     ViewResult,
     admit,
-    check_deadline,
     collect,
     error_headers,
     open_run,
@@ -58,7 +57,7 @@ from braid.wire import messages as chat_messages
 from braid.wire.anthropic import CountTokensBody, MessagesBody, parse_messages_body
 from braid.wire.anthropic_response import COUNT_TOKENS_PATH, MESSAGES_PATH, AnthropicEvents, error_body
 from braid.wire.chat_request import ChatRequest
-from braid.wire.completions_request import TextPrompt, TokenPrompt, build_request
+from braid.wire.completions_request import build_request
 from braid.wire.messages import TemplateOptions, render
 from braid.wire.openapi import REQUEST_ERRORS, REQUEST_ID, Operation, Outcome, error_outcomes, json_body, ref
 from braid.wire.output import encode
@@ -140,17 +139,8 @@ async def messages(
         ticket, arrived, deadline = admit(state, content_type, request_id, background)
         try:
             chat = _chat(state, await read_body(), count_tokens=False)
-            if chat.reused_prompt is not None:
-                prompts: tuple[TextPrompt | TokenPrompt, ...] = (TokenPrompt(chat.reused_prompt),)
-            else:
-                with trio.move_on_at(deadline):
-                    texts = await render_conversations(chat, state.engine.tokenizer, state.tokenize_limiter)
-                check_deadline(deadline, state.settings.request_timeout)
-                prompts = tuple(TextPrompt(t) for t in texts)
-            parsers = request_parsers(state, chat)
-            body, structured = chat.body, chat.structured
-            if parsers is not None:
-                body, structured = constrain(parsers, chat)
+            prompts = await chat_prompts(state, chat, deadline)
+            parsers, body, structured = parsed_body(state, chat)
             req = build_request(body, prompts, state.limits, structured, max_tokens_param="max_tokens")
             plan = await plan_request(state, req, request_id, deadline, "chatcmpl")
             parsing = None

@@ -72,19 +72,8 @@ async def chat_completions(
                 trust_template=state.settings.trust_request_chat_template,
                 parsers=state.settings.parsers,
             )
-            prompts: tuple[Prompt, ...]
-            if chat.reused_prompt is not None:
-                # A prefill stage's ids (kv_transfer_params): the prompt as it is, not rendered.
-                prompts = (TokenPrompt(chat.reused_prompt),)
-            else:
-                with trio.move_on_at(deadline):
-                    texts = await render_conversations(chat, state.engine.tokenizer, state.tokenize_limiter)
-                check_deadline(deadline, state.settings.request_timeout)
-                prompts = tuple(TextPrompt(t) for t in texts)
-            parsers = request_parsers(state, chat)
-            body, structured = chat.body, chat.structured
-            if parsers is not None:
-                body, structured = constrain(parsers, chat)
+            prompts = await chat_prompts(state, chat, deadline)
+            parsers, body, structured = parsed_body(state, chat)
             req = build_request(
                 body,
                 prompts,
@@ -108,6 +97,28 @@ async def chat_completions(
         return await collect(run, request_id, collector(plan, state.engine.tokenizer, shape, parsing))
     except BraidError as err:
         return error_response(err)
+
+
+async def chat_prompts(state: AppState, chat: ChatRequest, deadline: float) -> tuple[Prompt, ...]:
+    """The engine prompts of a validated chat request (every dialect on chat's path): a prefill
+    stage's ids as they are (``kv_transfer_params``), else its conversations rendered by the
+    template, a DeadlineExceeded if that outlasts ``deadline``."""
+    if chat.reused_prompt is not None:
+        return (TokenPrompt(chat.reused_prompt),)
+    with trio.move_on_at(deadline):
+        texts = await render_conversations(chat, state.engine.tokenizer, state.tokenize_limiter)
+    check_deadline(deadline, state.settings.request_timeout)
+    return tuple(TextPrompt(t) for t in texts)
+
+
+def parsed_body(state: AppState, chat: ChatRequest) -> tuple[RequestParsers | None, CompletionBody, Structured | None]:
+    """The request's parsers (None: none runs) and the sampling body and constraint they leave
+    (:func:`constrain`)."""
+    parsers = request_parsers(state, chat)
+    if parsers is None:
+        return None, chat.body, chat.structured
+    body, structured = constrain(parsers, chat)
+    return parsers, body, structured
 
 
 def chat_shape(chat: ChatRequest) -> ChatShape:
