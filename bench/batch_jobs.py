@@ -4,13 +4,15 @@ an interactive stream beside a running job, and a job that survives ``kill -9``.
 What is measured and how:
 
 * **Rate.** ``LINES`` lines (10,000; 2,000 with ``--quick``), each one prompt of 32 random token
-  ids, 32 tokens out (``ignore_eos``, temperature 1). Four systems, each round once, the order
+  ids, 32 tokens out (``ignore_eos``, temperature 1). Five systems, each round once, the order
   rotating from round to round (the machine is shared and drifts):
 
   - *braid, completions job*: the lines as ``/v1/completions`` lines, uploaded to braid (defaults:
     the background class, ``--batch-max-slots`` 0 = every slot but the reserve), timed from
     ``POST /v1/batches`` until the job is seen ``completed`` (polled every 50 ms), validation
     included; every output row is checked (a 200 with 32 tokens).
+  - *braid, each line alone*: the same, on a second braid with ``--batch-group-lines 1`` (every
+    line a request of its own, as before lines ran in groups: ``braid.batch.group``).
   - *the engine alone*: ``LLM.generate`` of the same token ids in a worker process (start-up
     excluded).
   - *braid, chat job* and *vllm run-batch*: the same prompts as text (the token ids decoded) in one
@@ -153,12 +155,23 @@ def _rates(quick: bool, rounds: int, lines: int) -> dict[str, list[float]]:
 
     prompts = random_token_prompts(lines, PROMPT_LEN, VOCAB, SEED)
     chat_path = WORK / "batch-jobs-chat.jsonl"
-    systems = ("braid-completions", "offline", "braid-chat", "run-batch")
+    systems = ("braid-completions", "offline", "braid-chat", "run-batch", "braid-alone")
     rates: dict[str, list[float]] = {s: [] for s in systems}
     with ExitStack() as stack:
         braid = stack.enter_context(
             run_braid(
                 "--storage-dir", str(WORK / "batch-jobs-store"), model_dir=tiny_model_dir(), log=WORK / "batch-jobs.log"
+            )
+        )
+        # the same braid with every line a request of its own (before lines ran in groups)
+        alone = stack.enter_context(
+            run_braid(
+                "--storage-dir",
+                str(WORK / "batch-jobs-store-alone"),
+                "--batch-group-lines",
+                "1",
+                model_dir=tiny_model_dir(),
+                log=WORK / "batch-jobs-alone.log",
             )
         )
         client = stack.enter_context(httpx.Client(timeout=600))
@@ -170,6 +183,7 @@ def _rates(quick: bool, rounds: int, lines: int) -> dict[str, list[float]]:
         # warm-up, not recorded: the engines' first batches of each size are slow
         warm = max(256, lines // 20)
         timed_job(client, braid, completion_lines(prompts[:warm], braid.model), "/v1/completions", warm)
+        timed_job(client, alone, completion_lines(prompts[:warm], alone.model), "/v1/completions", warm)
         offline.call(op="generate", prompt_token_ids=prompts[:warm], max_tokens=TOKENS)
         warm_path = WORK / "batch-jobs-warm.jsonl"
         warm_path.write_bytes(chat_lines(_texts(prompts[:warm]), braid.model))
@@ -178,6 +192,8 @@ def _rates(quick: bool, rounds: int, lines: int) -> dict[str, list[float]]:
             for system in systems[r % len(systems) :] + systems[: r % len(systems)]:
                 if system == "braid-completions":
                     wall = timed_job(client, braid, completions, "/v1/completions", lines)["wall"]
+                elif system == "braid-alone":
+                    wall = timed_job(client, alone, completions, "/v1/completions", lines)["wall"]
                 elif system == "braid-chat":
                     wall = timed_job(client, braid, chats, "/v1/chat/completions", lines)["wall"]
                 elif system == "offline":
@@ -323,6 +339,11 @@ def run(quick: bool) -> Section:
             "braid, completions job",
             f"{med['braid-completions']:,.0f}",
             f"{lines * TOKENS / med['braid-completions']:.1f}",
+        ],
+        [
+            "braid, completions job, each line alone (`--batch-group-lines 1`)",
+            f"{med['braid-alone']:,.0f}",
+            f"{lines * TOKENS / med['braid-alone']:.1f}",
         ],
         ["engine alone (`LLM.generate`)", f"{med['offline']:,.0f}", f"{lines * TOKENS / med['offline']:.1f}"],
         ["braid, chat job", f"{med['braid-chat']:,.0f}", f"{lines * TOKENS / med['braid-chat']:.1f}"],

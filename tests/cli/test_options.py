@@ -146,6 +146,7 @@ GIVEN: list[tuple[list[str], type[Any], str, Any]] = [
     (["--file-retention", "7200"], StoreOptions, "file_retention", 7200),
     (["--batch-completion-window", "60"], StoreOptions, "batch_window", 60),
     (["--batch-max-lines", "10"], StoreOptions, "max_batch_lines", 10),
+    (["--batch-group-lines", "1"], StoreOptions, "batch_group_lines", 1),
     (["--response-retention", "60"], StoreOptions, "response_retention", 60),
     (["--max-response-bytes", "4096"], StoreOptions, "max_response_bytes", 4096),
 ]

@@ -264,6 +264,28 @@ def test_a_batch_with_bad_lines_names_each_in_its_error_file(server: ServerProce
         client.batches.cancel(job.id)
 
 
+def test_a_line_the_engine_fails_is_the_only_one_answered_with_the_error(server: ServerProcess) -> None:
+    # Lines run in groups under one ticket (braid.batch.group); an engine failure there must be
+    # the failing line's answer alone, and a line that cannot share its group's run still runs.
+    client = _client(server)
+    lines = [_line(f"r{i}", {"prompt": f"p{i}", "max_tokens": 6, "seed": i}) for i in range(20)]
+    lines[7] = _line("fails", {"prompt": "braid:fail@2", "max_tokens": 6, "ignore_eos": True})
+    lines[12] = _line("two", {"prompt": "p12", "max_tokens": 3, "n": 2})
+    source = client.files.create(file=("in.jsonl", io.BytesIO(_jsonl(*lines))), purpose="batch")
+    job = _wait(
+        client, client.batches.create(input_file_id=source.id, endpoint="/v1/completions", completion_window="24h").id
+    )
+    assert job.status == "completed" and job.request_counts is not None
+    assert (job.request_counts.completed, job.request_counts.failed) == (19, 1)
+    errors = _rows(client, job.error_file_id)
+    assert [(r["custom_id"], r["line"], r["response"]["status_code"]) for r in errors] == [("fails", 8, 500)]
+    assert "braid:fail@2" in errors[0]["response"]["body"]["error"]["message"]
+    done = {r["custom_id"]: r for r in _rows(client, job.output_file_id)}
+    assert sorted(done) == sorted(line["custom_id"] for line in lines if line["custom_id"] != "fails")
+    assert len(done["two"]["response"]["body"]["choices"]) == 2
+    assert len({r["response"]["body"]["id"] for r in done.values()}) == 19  # each line's own response
+
+
 def test_chat_lines_are_checked_as_the_chat_route_checks_them(server: ServerProcess) -> None:
     client = _client(server)
     data = _jsonl(

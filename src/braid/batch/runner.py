@@ -1,17 +1,22 @@
-"""The batch runner: every active job's lines through the routes' own views, in the background class.
+"""The batch runner: every active job's lines through the routes' own steps, in the background class.
 
 One :class:`BatchRunner` per server, made with the app when it has a store and run by ``braid
 serve`` in the server's nursery (:meth:`BatchRunner.run`), beside hypercorn; it is cancelled
 when the server has drained. What it does:
 
-* **Feeding.** Each active job has a task that reads its input file line by line and starts a
-  task per line as room frees up: at most ``in_flight`` lines of every job together are in the
-  pipeline (admitted and waiting in admission's background queue, or running), which is the
-  background class's slots plus a margin, so a freed slot always finds a line waiting and no
-  line waits for another (no chunk barrier). Each line is one call of the route's view
-  (:func:`braid.routes.completions.completions`, :func:`braid.routes.chat.chat_completions`) with
-  ``background=True``: the same validation, admission, engine requests and aborts as a client's
-  request of a background key.
+* **Feeding.** Each active job has a task that reads its input file and starts its lines in
+  groups of up to ``group_lines`` consecutive lines as room frees up: at most ``in_flight``
+  lines of every job together are in the pipeline (admitted and waiting in admission's
+  background queue, or running), which is the background class's slots, a margin and one group
+  being gathered, so a freed slot always finds a line waiting. A group runs its lines under one
+  ticket and one run, each line prepared by its route's own steps and answered as soon as its
+  own prompts end (:mod:`braid.batch.group`): no line waits for another (no chunk barrier), and
+  the ticket holds the next line's prompt ready when a slot frees, as a batch request's does.
+  The ticket is of the background class: the same validation, admission, engine requests and
+  aborts as a client's request of a background key. A line the group gives back (it cannot
+  share the group's run, or the run failed) runs alone, as one call of its route's view
+  (:func:`braid.routes.completions.completions`, :func:`braid.routes.chat.chat_completions`),
+  so an error is the answer of the line that caused it.
 * **Results.** A 200 is appended to the job's output lines, any other answer to its error lines
   (OpenAI's batch output rows, with the line number), as each finishes; the counts follow.
   A 429 (the background queue is full of other clients' work) is retried after its Retry-After;
@@ -33,7 +38,8 @@ import hashlib
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO, cast
 
@@ -41,9 +47,11 @@ import attrs
 import msgspec
 import trio
 
+from braid.batch.group import run_group
 from braid.batch.validate import LineChecker, Refused, Runnable, answer_row, body_check, error_row, numbered_lines
+from braid.errors import EngineUnavailable, TooManyRequests
 from braid.routes import chat, completions
-from braid.routes.common import AppState, JsonResponse, View
+from braid.routes.common import AppState, JsonResponse, Prepare, View
 from braid.store.db import Store
 from braid.store.records import BatchError, BatchRecord, BatchUsage, FileRecord, RequestCounts
 
@@ -153,12 +161,53 @@ def open_binary(path: Path, mode: str) -> BinaryIO:
     return cast(BinaryIO, open(path, mode))  # the caller closes it
 
 
-def default_in_flight(state: AppState) -> int:
-    """Lines in the pipeline at once: the background class's room and a margin (see the module)."""
+def default_in_flight(state: AppState, group_lines: int) -> int:
+    """Lines in the pipeline at once: the background class's room, a margin, and the group the
+    reader is gathering (see the module), so that the lines of the groups started keep every
+    background slot busy while the reader waits for a group to fill."""
     room = state.admission.background_room
     if room == 0:
-        return 64
-    return max(MIN_IN_FLIGHT, room + min(EXTRA_IN_FLIGHT, room))
+        return 64 + group_lines
+    return max(MIN_IN_FLIGHT, room + min(EXTRA_IN_FLIGHT, room)) + group_lines
+
+
+@attrs.define(eq=False)
+class _Room:
+    """The places of lines in the pipeline, every job's together: taken a group at a time, first
+    come first served, and given back a line at a time."""
+
+    free: int
+    _waiting: deque[tuple[int, trio.Event]] = attrs.Factory(deque)
+
+    async def take(self, places: int) -> None:
+        """Wait until ``places`` are free, behind those who asked before. Cancelled, it takes none."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if not self._waiting and self.free >= places:
+            self.free -= places
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        entry = (places, trio.Event())
+        self._waiting.append(entry)
+        try:
+            await entry[1].wait()
+        except BaseException:
+            if entry in self._waiting:
+                self._waiting.remove(entry)
+                self._grant()  # those behind it may fit now
+            else:
+                self.give(places)  # granted as it was cancelled
+            raise
+
+    def give(self, places: int) -> None:
+        if places:
+            self.free += places
+            self._grant()
+
+    def _grant(self) -> None:
+        while self._waiting and self._waiting[0][0] <= self.free:
+            places, event = self._waiting.popleft()
+            self.free -= places
+            event.set()
 
 
 @attrs.define(eq=False)
@@ -175,10 +224,15 @@ class _Job:
 class BatchRunner:
     """See the module's contract."""
 
-    def __init__(self, state: AppState, store: Store, *, in_flight: int | None = None) -> None:
+    def __init__(
+        self, state: AppState, store: Store, *, in_flight: int | None = None, group_lines: int | None = None
+    ) -> None:
         self.state = state
         self.store = store
-        self._limiter = trio.CapacityLimiter(in_flight or default_in_flight(state))
+        group_lines = group_lines or store.options.batch_group_lines
+        in_flight = in_flight or default_in_flight(state, group_lines)
+        self.group_lines = max(1, min(group_lines, in_flight))
+        self._room = _Room(in_flight)
         self._nursery: trio.Nursery | None = None
         self._jobs: dict[str, _Job] = {}
         self.now: Callable[[], float] = time.time
@@ -285,52 +339,107 @@ class BatchRunner:
         state, store = self.state, self.store
         check = body_check(record.endpoint, state.engine, state.settings, state.limits)
         checker = LineChecker(record.endpoint, check)
-        view: View = completions.completions if record.endpoint == "/v1/completions" else chat.chat_completions
+        chat_route = record.endpoint != "/v1/completions"
+        view: View = chat.chat_completions if chat_route else completions.completions
+        prepare: Prepare = chat.prepare if chat_route else completions.prepare
         # Bounded: a line's task and the reader wait for the writer rather than hold rows.
         send, receive = trio.open_memory_channel[tuple[bool, bytes]](READ_LINES)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._write, job, receive, out_path, err_path)
             async with send:
-                source = await trio.to_thread.run_sync(open_binary, store.path(record.input_file_id), "rb")
-                with source:
-                    lines = numbered_lines(source)
-                    while True:
-                        chunk = await trio.to_thread.run_sync(lambda: list(itertools.islice(lines, READ_LINES)))
-                        if not chunk:
-                            break
-                        for number, raw in chunk:
-                            found = checker(number, raw)  # every line: the checker learns the custom_ids
-                            if number in done:
-                                continue  # its row is written (at validation, or before a restart)
-                            if isinstance(found, Refused):
-                                await send.send((False, found.row))
-                                continue
-                            await self._limiter.acquire_on_behalf_of(found)
-                            nursery.start_soon(self._line, job, view, found, send.clone())
+                group: list[Runnable] = []
+                size = self.group_lines
+                places = 0  # taken for the group being gathered, not yet given to a line
+                try:
+                    source = await trio.to_thread.run_sync(open_binary, store.path(record.input_file_id), "rb")
+                    with source:
+                        lines = numbered_lines(source)
+                        while True:
+                            chunk = await trio.to_thread.run_sync(lambda: list(itertools.islice(lines, READ_LINES)))
+                            if not chunk:
+                                break
+                            for number, raw in chunk:
+                                found = checker(number, raw)  # every line: the checker learns the custom_ids
+                                if number in done:
+                                    continue  # its row is written (at validation, or before a restart)
+                                if isinstance(found, Refused):
+                                    await send.send((False, found.row))
+                                    continue
+                                if not places:
+                                    # A whole group's places at once: a reader never holds part
+                                    # of the room while it waits for the rest.
+                                    await self._room.take(size)
+                                    places = size
+                                group.append(found)
+                                places -= 1
+                                if not places:
+                                    nursery.start_soon(self._group, job, prepare, view, group, send.clone())
+                                    group = []
+                    if group:
+                        nursery.start_soon(self._group, job, prepare, view, group, send.clone())
+                        group = []
+                finally:
+                    self._room.give(places + len(group))
 
-    async def _line(
-        self, job: _Job, view: View, line: Runnable, send: trio.MemorySendChannel[tuple[bool, bytes]]
+    async def _group(
+        self,
+        job: _Job,
+        prepare: Prepare,
+        view: View,
+        lines: list[Runnable],
+        send: trio.MemorySendChannel[tuple[bool, bytes]],
     ) -> None:
-        async with send:
-            try:
-                while True:
-                    result = await self._call(view, line.body)
-                    if result.status == 429:
-                        retry = next((int(v) for k, v in result.headers if k == "Retry-After"), 1)
-                        await trio.sleep(retry)
-                        continue
-                    if result.status == 503:
-                        job.stopped = True
-                        job.scope.cancel()
-                        return
-                    break
-            finally:
-                self._limiter.release_on_behalf_of(line)
+        """Run lines as a group (:mod:`braid.batch.group`); those it gives back, each alone. Every
+        line's slot in the pipeline is handed back as it is answered, or as this ends."""
+        held = set(lines)
+
+        async def answer(line: Runnable, result: JsonResponse) -> None:
             rid = next((v for k, v in result.headers if k == "X-Request-Id"), None)
             await send.send(
                 (result.status == 200, answer_row(line.number, line.custom_id, result.status, result.body, rid))
             )
+            held.discard(line)
+            self._room.give(1)
+
+        async with send:
+            try:
+                pending: Sequence[Runnable] = lines
+                while pending:
+                    left = await run_group(self.state, prepare, pending, answer)
+                    if isinstance(left.error, TooManyRequests):
+                        # The background queue is full of other clients' work: wait as told.
+                        await trio.sleep(left.error.retry_after or 1)
+                        pending = left.lines
+                        continue
+                    if isinstance(left.error, EngineUnavailable):
+                        self._stop(job)
+                        return
+                    for line in left.lines:
+                        result = await self._alone(view, line)
+                        if result is None:
+                            self._stop(job)
+                            return
+                        await answer(line, result)
+                    break
+            finally:
+                self._room.give(len(held))
+
+    @staticmethod
+    def _stop(job: _Job) -> None:
+        """The server cannot run lines now (draining, engine dead): leave the job for the restart."""
+        job.stopped = True
+        job.scope.cancel()
+
+    async def _alone(self, view: View, line: Runnable) -> JsonResponse | None:
+        """A line as a request of its own, the answer its route gives (a 429 waited out and
+        retried); None when the server cannot run it now (a 503)."""
+        while True:
+            result = await self._call(view, line.body)
+            if result.status == 429:
+                await trio.sleep(next((int(v) for k, v in result.headers if k == "Retry-After"), 1))
+                continue
+            return None if result.status == 503 else result
 
     async def _call(self, view: View, body: bytes) -> JsonResponse:
         async def read_body() -> bytes:

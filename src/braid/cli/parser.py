@@ -427,6 +427,16 @@ def add_storage_options(parser: argparse.ArgumentParser) -> None:
     add_field_option(
         d,
         StoreOptions,
+        "batch_group_lines",
+        "--batch-group-lines",
+        type=positive_int,
+        metavar="N",
+        help="consecutive lines of a batch job run under one admission ticket, each answered as it "
+        "ends (1: every line a request of its own)",
+    )
+    add_field_option(
+        d,
+        StoreOptions,
         "response_retention",
         "--response-retention",
         type=positive_int,

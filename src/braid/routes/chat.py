@@ -22,6 +22,7 @@ from braid.engine.constraint import Structured
 from braid.errors import BraidError
 from braid.routes.common import (
     AppState,
+    Prepared,
     Route,
     View,
     ViewResult,
@@ -64,39 +65,40 @@ async def chat_completions(
     try:
         ticket, arrived, deadline = admit(state, content_type, request_id, background)
         try:
-            chat = parse_chat(
-                await read_body(),
-                state.limits,
-                max_model_len=state.engine.info.max_model_len,
-                batch=batch,
-                trust_template=state.settings.trust_request_chat_template,
-                parsers=state.settings.parsers,
-            )
-            prompts = await chat_prompts(state, chat, deadline)
-            parsers, body, structured = parsed_body(state, chat)
-            req = build_request(
-                body,
-                prompts,
-                state.limits,
-                structured,
-                max_tokens_param="max_completion_tokens",
-            )
-            plan = await plan_request(state, req, request_id, deadline, "chatcmpl")
-            if parsers is not None and state.settings.parsers.reasoning_parser is not None:
-                plan = engine_reasoning(plan, parsers)
-            shape = chat_shape(chat)
-            parsing = None
-            if parsers is not None:
-                parsing = choice_parsing(state, chat, plan, parsers)
+            prepared = await prepare(state, await read_body(), request_id, deadline, batch=batch)
         except BaseException:
             ticket.close()
             raise
-        run = open_run(state, plan, ticket, arrived, deadline, None if parsing is None else parsing.observer)
-        if plan.stream:
-            return stream(run, merger(plan, state.engine.tokenizer, shape, parsing))
-        return await collect(run, request_id, collector(plan, state.engine.tokenizer, shape, parsing))
+        run = open_run(state, prepared.plan, ticket, arrived, deadline, prepared.observe)
+        if prepared.plan.stream:
+            return stream(run, prepared.merger())
+        return await collect(run, request_id, prepared.collector())
     except BraidError as err:
         return error_response(err)
+
+
+async def prepare(
+    state: AppState, body: bytes, request_id: str | None, deadline: float, *, batch: bool = False
+) -> Prepared:
+    """Validate (:func:`~braid.wire.chat_request.parse_chat`), render, tokenize and plan one body:
+    the view's steps between admission and the run (:class:`~braid.routes.common.Prepare`)."""
+    chat = parse_chat(
+        body,
+        state.limits,
+        max_model_len=state.engine.info.max_model_len,
+        batch=batch,
+        trust_template=state.settings.trust_request_chat_template,
+        parsers=state.settings.parsers,
+    )
+    prompts = await chat_prompts(state, chat, deadline)
+    parsers, sampling, structured = parsed_body(state, chat)
+    req = build_request(sampling, prompts, state.limits, structured, max_tokens_param="max_completion_tokens")
+    plan = await plan_request(state, req, request_id, deadline, "chatcmpl")
+    if parsers is not None and state.settings.parsers.reasoning_parser is not None:
+        plan = engine_reasoning(plan, parsers)
+    parsing = None if parsers is None else choice_parsing(state, chat, plan, parsers)
+    renderer, events = _parts(plan, state.engine.tokenizer, chat_shape(chat), parsing)
+    return Prepared(plan, renderer, events, None if parsing is None else parsing.observer)
 
 
 async def chat_prompts(state: AppState, chat: ChatRequest, deadline: float) -> tuple[Prompt, ...]:
@@ -263,4 +265,4 @@ ROUTES = (
 )
 
 
-__all__ = ["ROUTES", "chat_completions", "chat_completions_batch", "chat_shape", "collector", "merger"]
+__all__ = ["ROUTES", "chat_completions", "chat_completions_batch", "chat_shape", "collector", "merger", "prepare"]

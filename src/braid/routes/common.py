@@ -40,12 +40,13 @@ from braid.settings import ServingOptions, Settings
 from braid.stream.admit import Admission, Ticket, admission_for
 from braid.stream.merge import ResponseCollector, StreamMerger
 from braid.stream.plan import Arrival, Plan, check_limits, make_plan
+from braid.stream.render import ChoiceRenderer
 from braid.stream.run import CompletionRun
 from braid.stream.tokenize import encode_prompts
 from braid.wire.completions_request import CompletionRequest
 from braid.wire.fields import Limits
 from braid.wire.openapi import Operation
-from braid.wire.output import error_body
+from braid.wire.output import ChoiceEvents, error_body
 
 if TYPE_CHECKING:
     from braid.engine.vllm_parsers import Parsers  # imports vLLM: only a server with parser flags loads it
@@ -144,6 +145,36 @@ class View(Protocol):
         request_id: str | None,
         background: bool = False,
     ) -> Awaitable[ViewResult]: ...
+
+
+@attrs.frozen
+class Prepared:
+    """A request validated and planned, not yet admitted to run: what a route's ``prepare`` step
+    gives (:func:`braid.routes.completions.prepare`, :func:`braid.routes.chat.prepare`). Its view
+    runs it under the request's own ticket; the batch runner runs several lines' under one
+    (:mod:`braid.batch.group`). Made once per request: the renderer keeps the choices' state."""
+
+    plan: Plan
+    renderer: ChoiceRenderer
+    events: ChoiceEvents
+    observe: Callable[[int], Observe | None] | None = None
+    """The engine's ``observe`` hook per prompt index (a parsed chat's), or None."""
+
+    def merger(self) -> StreamMerger:
+        return StreamMerger(self.plan, self.renderer, self.events)
+
+    def collector(self) -> ResponseCollector:
+        return ResponseCollector(self.plan, self.renderer, self.events)
+
+
+class Prepare(Protocol):
+    """A route's steps between admission and the run: its body (read) -> :class:`Prepared`, or
+    the :class:`~braid.errors.BraidError` the route answers; within ``deadline`` (Trio's clock).
+    ``request_id``: the request's ``X-Request-Id`` header (None when absent)."""
+
+    def __call__(
+        self, state: AppState, body: bytes, request_id: str | None, deadline: float
+    ) -> Awaitable[Prepared]: ...
 
 
 @attrs.frozen
@@ -322,6 +353,8 @@ def error_headers(err: BraidError) -> tuple[tuple[str, str], ...]:
 __all__ = [
     "AppState",
     "JsonResponse",
+    "Prepare",
+    "Prepared",
     "Route",
     "View",
     "ViewResult",

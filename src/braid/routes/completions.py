@@ -16,6 +16,7 @@ from braid.engine.base import Tokenizer
 from braid.errors import BraidError
 from braid.routes.common import (
     AppState,
+    Prepared,
     Route,
     ViewResult,
     admit,
@@ -70,17 +71,24 @@ async def completions(
     try:
         ticket, arrived, deadline = admit(state, content_type, request_id, background)
         try:
-            req = parse_request(await read_body(), state.limits)
-            plan = await plan_request(state, req, request_id, deadline, "cmpl")
+            prepared = await prepare(state, await read_body(), request_id, deadline)
         except BaseException:
             ticket.close()
             raise
-        run = open_run(state, plan, ticket, arrived, deadline)
-        if plan.stream:
-            return stream(run, merger(plan, state.engine.tokenizer))
-        return await collect(run, request_id, collector(plan, state.engine.tokenizer))
+        run = open_run(state, prepared.plan, ticket, arrived, deadline)
+        if prepared.plan.stream:
+            return stream(run, prepared.merger())
+        return await collect(run, request_id, prepared.collector())
     except BraidError as err:
         return error_response(err)
+
+
+async def prepare(state: AppState, body: bytes, request_id: str | None, deadline: float) -> Prepared:
+    """Validate (:func:`~braid.wire.completions_request.parse_request`), tokenize and plan one
+    body: the view's steps between admission and the run (:class:`~braid.routes.common.Prepare`)."""
+    req = parse_request(body, state.limits)
+    plan = await plan_request(state, req, request_id, deadline, "cmpl")
+    return Prepared(plan, ChoiceRenderer(plan, state.engine.tokenizer), _events(plan))
 
 
 def _events(plan: Plan) -> CompletionEvents:
@@ -137,4 +145,4 @@ ROUTES = (
 )
 
 
-__all__ = ["ROUTES", "collector", "completions", "merger"]
+__all__ = ["ROUTES", "collector", "completions", "merger", "prepare"]

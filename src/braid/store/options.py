@@ -31,6 +31,9 @@ class StoreOptions:
     """Seconds a job's ``completion_window`` ("24h") lasts; shorter to test expiry."""
     max_batch_lines: int = attrs.field(default=50_000, validator=attrs.validators.gt(0))
     """Lines one batch's input file may have (OpenAI's limit)."""
+    batch_group_lines: int = attrs.field(default=32, validator=attrs.validators.gt(0))
+    """Consecutive lines of a job run as one group, under one admission ticket
+    (:mod:`braid.batch.group`); 1: every line a request of its own."""
     response_retention: int = attrs.field(default=30 * DAY, validator=attrs.validators.gt(0))
     """Seconds a stored ``/v1/responses`` answer is kept after it was made (OpenAI keeps them
     30 days); on disk, swept as files are, so stored responses never grow braid's memory."""
