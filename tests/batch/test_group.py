@@ -126,6 +126,7 @@ async def test_a_line_the_route_refuses_is_answered_with_its_error_and_the_rest_
         {"prompt": "ok", "max_tokens": 2},
         {"prompt": "ok", "max_tokens": 2, "model": "nope"},
         {"prompt": "x" * 3000, "max_tokens": 2},  # more tokens than the context, found once tokenized
+        {"prompt": "ok", "max_tokens": 2, "stream": True},
     )
     left, answers = await run(st, completions.prepare, group)
     assert left == Left()
@@ -134,6 +135,7 @@ async def test_a_line_the_route_refuses_is_answered_with_its_error_and_the_rest_
         expected = await alone(completions.completions, group[int(cid[1:]) - 1].body)
         assert (answers[cid].status, answers[cid].body) == (expected.status, expected.body)
         assert expected.status in (400, 404)
+    assert answers["c4"].status == 400 and json.loads(answers["c4"].body)["error"]["param"] == "stream"
     assert prompts_histogram(st) == (1.0, 1.0)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -141,6 +142,22 @@ async def test_sweep_deletes_expired_files_and_leaves_jobs_to_the_runner(tmp_pat
         assert await store.get_file(owner, old.id, NOW + 10) is None  # a read never shows an expired file
         assert await store.sweep(NOW + 10) == 1
         assert not store.path(old.id).exists() and store.path(kept.id).exists()
+        # once a second at most: a later sweep of the same second has nothing to find, and no
+        # thread hop is paid for it (a job polled many times a second)
+        later = _file(store, owner, expires=NOW + 11, data=b"later")
+        await store.add_file(later)
+        calls = 0
+        real_call = store._call
+
+        async def counted(fn: Any, *args: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            return await real_call(fn, *args)
+
+        store._call = counted  # type: ignore[method-assign]
+        assert await store.sweep(NOW + 10) == 0 and store.path(later.id).exists() and calls == 0
+        assert await store.sweep(NOW + 11) == 1 and not store.path(later.id).exists() and calls == 1
+        store._call = real_call  # type: ignore[method-assign]
         assert store.used_bytes == 4
         assert await store.get_batch(owner, active.id) == active  # the runner ends a job past its window
         assert await store.active_batches() == [active]

@@ -33,7 +33,7 @@ import trio
 
 from braid.batch.validate import Runnable
 from braid.engine.base import Observe
-from braid.errors import BraidError
+from braid.errors import BraidError, InvalidRequest
 from braid.routes.common import AppState, JsonResponse, Prepare, Prepared, admit, error_response, open_run
 from braid.stream.plan import Arrival, Plan, PlanItem
 
@@ -83,6 +83,8 @@ async def run_group(state: AppState, prepare: Prepare, lines: Sequence[Runnable]
         for line in lines:
             try:
                 prepared = await prepare(state, line.body, None, deadline)
+                if prepared.plan.stream:  # refused when the job was made; checked again for a resumed one
+                    raise InvalidRequest("stream is not supported in a batch.", param="stream")
             except BraidError as err:
                 await answer(line, error_response(err))
                 continue

@@ -48,7 +48,7 @@ import msgspec
 import trio
 
 from braid.batch.group import run_group
-from braid.batch.validate import LineChecker, Refused, Runnable, answer_row, body_check, error_row, numbered_lines
+from braid.batch.validate import LineChecker, Refused, Runnable, answer_row, error_row, numbered_lines
 from braid.errors import EngineUnavailable, TooManyRequests
 from braid.routes import chat, completions
 from braid.routes.common import AppState, JsonResponse, Prepare, View
@@ -60,6 +60,8 @@ log = logging.getLogger("braid.batch")
 READ_LINES = 256
 """Lines read from an input file per worker-thread call."""
 COUNTS_EVERY = 0.5
+GATHER_ROWS = 0.02
+"""Seconds the writer waits for more rows when it has few, so that rows go to disk in batches."""
 """Seconds between two writes of a running job's counts to the store."""
 MIN_IN_FLIGHT, EXTRA_IN_FLIGHT = 8, 16
 
@@ -127,6 +129,22 @@ def usage_of(path: Path) -> BatchUsage:
                 if usage.completion_tokens_details is not None:
                     reasoning += usage.completion_tokens_details.reasoning_tokens or 0
     return BatchUsage(input_tokens, cached, output, reasoning)
+
+
+def _any_body(body: bytes) -> None:
+    """The body check of a line whose body was checked at the job's creation (see ``_feed``)."""
+    return None
+
+
+def _take_ready(receive: trio.MemoryReceiveChannel[tuple[bool, bytes]], rows: list[tuple[bool, bytes]]) -> bool:
+    """Add every row ready now to ``rows``; True when the channel has ended."""
+    while True:
+        try:
+            rows.append(receive.receive_nowait())
+        except trio.WouldBlock:
+            return False
+        except trio.EndOfChannel:
+            return True
 
 
 def _derived_id(batch_id: str, kind: str) -> str:
@@ -336,9 +354,11 @@ class BatchRunner:
 
     async def _feed(self, job: _Job, out_path: Path, err_path: Path, done: set[int]) -> None:
         record = job.record
-        state, store = self.state, self.store
-        check = body_check(record.endpoint, state.engine, state.settings, state.limits)
-        checker = LineChecker(record.endpoint, check)
+        store = self.store
+        # The lines' envelopes only: every body was checked when the job was created, and the
+        # lines refused then have their rows already (in ``done``); a body the route refuses
+        # now (the server restarted with other limits) gets the route's error when it runs.
+        checker = LineChecker(record.endpoint, _any_body)
         chat_route = record.endpoint != "/v1/completions"
         view: View = chat.chat_completions if chat_route else completions.completions
         prepare: Prepare = chat.prepare if chat_route else completions.prepare
@@ -459,16 +479,19 @@ class BatchRunner:
         err = await trio.to_thread.run_sync(open_binary, err_path, "ab")
         with out, err:
             async with receive:
-                while True:
+                ended = False
+                while not ended:
                     try:
                         rows = [await receive.receive()]
                     except trio.EndOfChannel:
                         break
-                    while True:
-                        try:
-                            rows.append(receive.receive_nowait())
-                        except (trio.WouldBlock, trio.EndOfChannel):
-                            break
+                    ended = _take_ready(receive, rows)
+                    if not ended and len(rows) < READ_LINES // 4:
+                        # A few rows now: wait for more rather than pay a thread hop for each
+                        # engine step's few. (Rows held here when the job is cancelled are
+                        # lost as those still in the channel are: their lines are not done.)
+                        await trio.sleep(GATHER_ROWS)
+                        ended = _take_ready(receive, rows)
 
                     def append(rows: list[tuple[bool, bytes]] = rows) -> None:
                         for ok, row in rows:
