@@ -4,7 +4,7 @@ an interactive stream beside a running job, and a job that survives ``kill -9``.
 What is measured and how:
 
 * **Rate.** ``LINES`` lines (10,000; 2,000 with ``--quick``), each one prompt of 32 random token
-  ids, 32 tokens out (``ignore_eos``, temperature 1). Five systems, each round once, the order
+  ids, 32 tokens out (``ignore_eos``, temperature 1). Six systems, each round once, the order
   rotating from round to round (the machine is shared and drifts):
 
   - *braid, completions job*: the lines as ``/v1/completions`` lines, uploaded to braid (defaults:
@@ -13,6 +13,9 @@ What is measured and how:
     included; every output row is checked (a 200 with 32 tokens).
   - *braid, each line alone*: the same, on a second braid with ``--batch-group-lines 1`` (every
     line a request of its own, as before lines ran in groups: ``braid.batch.group``).
+  - *vLLM's server* (a reference, not a target): the same token ids posted at once as JSON
+    ``/v1/completions`` requests of 1,000 prompts, so its engine's queue is never empty: what an
+    online server with its engine core in a process of its own reaches on this machine.
   - *the engine alone*: ``LLM.generate`` of the same token ids in a worker process (start-up
     excluded).
   - *braid, chat job* and *vllm run-batch*: the same prompts as text (the token ids decoded) in one
@@ -41,6 +44,7 @@ import signal
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any
 
@@ -152,13 +156,34 @@ def timed_job(client: httpx.Client, server: Any, data: bytes, endpoint: str, lin
     return {"wall": wall, "tokens": tokens}
 
 
+def server_requests(server: Any, prompts: list[list[int]], per_request: int = 1000) -> float:
+    """The prompts sent to a server at once as JSON completions requests of ``per_request`` prompts
+    (a server's best case: its engine's queue never runs dry); the wall until the last answer.
+    Every prompt must come back with its tokens."""
+
+    def one(chunk: list[list[int]]) -> int:
+        body = {"model": server.model, "prompt": chunk, "max_tokens": TOKENS, "ignore_eos": True, "temperature": 1}
+        with httpx.Client(timeout=600) as c:
+            answer = c.post(server.url + "/v1/completions", json=body).raise_for_status().json()
+        return int(answer["usage"]["completion_tokens"])
+
+    chunks = [prompts[i : i + per_request] for i in range(0, len(prompts), per_request)]
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(len(chunks)) as pool:
+        tokens = sum(pool.map(one, chunks))
+    wall = time.perf_counter() - t0
+    if tokens != len(prompts) * TOKENS:
+        raise RuntimeError(f"the server made {tokens} tokens, not {len(prompts) * TOKENS}")
+    return wall
+
+
 def _rates(quick: bool, rounds: int, lines: int) -> dict[str, list[float]]:
     """Output tok/s of each system, a value per round."""
-    from tools.servers import run_braid, tiny_model_dir
+    from tools.servers import run_braid, run_vllm, tiny_model_dir
 
     prompts = random_token_prompts(lines, PROMPT_LEN, VOCAB, SEED)
     chat_path = WORK / "batch-jobs-chat.jsonl"
-    systems = ("braid-completions", "offline", "braid-chat", "run-batch", "braid-alone")
+    systems = ("braid-completions", "offline", "braid-chat", "run-batch", "braid-alone", "vllm-server")
     rates: dict[str, list[float]] = {s: [] for s in systems}
     with ExitStack() as stack:
         braid = stack.enter_context(
@@ -177,6 +202,7 @@ def _rates(quick: bool, rounds: int, lines: int) -> dict[str, list[float]]:
                 log=WORK / "batch-jobs-alone.log",
             )
         )
+        vllm = stack.enter_context(run_vllm(model_dir=tiny_model_dir(), log=WORK / "batch-jobs-vllm.log"))
         client = stack.enter_context(httpx.Client(timeout=600))
         completions = completion_lines(prompts, braid.model)
         chats = chat_lines(_texts(prompts), braid.model)
@@ -191,12 +217,15 @@ def _rates(quick: bool, rounds: int, lines: int) -> dict[str, list[float]]:
         warm_path = WORK / "batch-jobs-warm.jsonl"
         warm_path.write_bytes(chat_lines(_texts(prompts[:warm]), braid.model))
         runner.call(input=str(warm_path), output=str(WORK / "batch-jobs-warm-out.jsonl"))
+        server_requests(vllm, prompts[:warm])
         for r in range(rounds):
             for system in systems[r % len(systems) :] + systems[: r % len(systems)]:
                 if system == "braid-completions":
                     wall = timed_job(client, braid, completions, "/v1/completions", lines)["wall"]
                 elif system == "braid-alone":
                     wall = timed_job(client, alone, completions, "/v1/completions", lines)["wall"]
+                elif system == "vllm-server":
+                    wall = server_requests(vllm, prompts)
                 elif system == "braid-chat":
                     wall = timed_job(client, braid, chats, "/v1/chat/completions", lines)["wall"]
                 elif system == "offline":
@@ -349,6 +378,11 @@ def run(quick: bool) -> Section:
             f"{lines * TOKENS / med['braid-alone']:.1f}",
         ],
         ["engine alone (`LLM.generate`)", f"{med['offline']:,.0f}", f"{lines * TOKENS / med['offline']:.1f}"],
+        [
+            "vLLM's server, the same prompts at once as requests of 1,000 (reference)",
+            f"{med['vllm-server']:,.0f}",
+            f"{lines * TOKENS / med['vllm-server']:.1f}",
+        ],
         ["braid, chat job", f"{med['braid-chat']:,.0f}", f"{lines * TOKENS / med['braid-chat']:.1f}"],
         ["`vllm run-batch`, chat lines", f"{med['run-batch']:,.0f}", f"{lines * TOKENS / med['run-batch']:.1f}"],
     ]
@@ -389,7 +423,8 @@ def run(quick: bool) -> Section:
         title="Batch jobs: rate, a stream beside a job, kill -9",
         markdown=md,
         headlines=(
-            f"batch_jobs: {lines:,}-line job {med['braid-completions'] / med['offline']:.2f}× the engine alone, "
+            f"batch_jobs: {lines:,}-line job {med['braid-completions'] / med['offline']:.2f}× the engine alone "
+            f"(vLLM's server, the prompts at once: {med['vllm-server'] / med['offline']:.2f}×), "
             f"chat job {med['braid-chat'] / med['run-batch']:.2f}× vllm run-batch; stream TTFT p50 beside a job "
             f"{job_p50:.0f} ms vs {fg_p50:.0f} ms beside interactive load; kill -9: "
             f"{'every line once' if kill_ok else 'FAILED'}",
