@@ -264,6 +264,29 @@ def test_a_batch_with_bad_lines_names_each_in_its_error_file(server: ServerProce
         client.batches.cancel(job.id)
 
 
+def test_output_expires_after_sets_the_output_files_expiry(server: ServerProcess) -> None:
+    client = _client(server)
+    data = _jsonl(_line("a", {"prompt": "p", "max_tokens": 2}), b"not json")
+    source = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+    job = client.batches.create(
+        input_file_id=source.id,
+        endpoint="/v1/completions",
+        completion_window="24h",
+        output_expires_after={"anchor": "created_at", "seconds": 7200},
+    )
+    job = _wait(client, job.id)
+    assert job.status == "completed" and job.output_file_id and job.error_file_id
+    for file_id in (job.output_file_id, job.error_file_id):
+        made = client.files.retrieve(file_id)
+        assert made.expires_at is not None and made.expires_at - made.created_at == 7200
+    # without it, the server's retention (30 days by default)
+    plain = _wait(
+        client, client.batches.create(input_file_id=source.id, endpoint="/v1/completions", completion_window="24h").id
+    )
+    made = client.files.retrieve(plain.output_file_id or "")
+    assert made.expires_at is not None and made.expires_at - made.created_at == 30 * 86_400
+
+
 def test_a_line_the_engine_fails_is_the_only_one_answered_with_the_error(server: ServerProcess) -> None:
     # Lines run in groups under one ticket (braid.batch.group); an engine failure there must be
     # the failing line's answer alone, and a line that cannot share its group's run still runs.
@@ -355,6 +378,9 @@ def test_bad_batch_requests_are_clear_4xx(server: ServerProcess) -> None:
             "metadata",
         ),  # fmt: skip
     ]
+    window = {"input_file_id": source.id, "endpoint": "/v1/completions", "completion_window": "24h"}
+    for after in ({"anchor": "last_active_at", "seconds": 3600}, {"anchor": "created_at", "seconds": 60}):
+        cases.append(({**window, "output_expires_after": after}, 400, "output_expires_after"))
     for body, status, param in cases:
         assert _error(_raw(server, "POST", "/v1/batches", json=body), status)["param"] == param, body
     _error(_raw(server, "POST", "/v1/batches", content=b"{", headers={"Content-Type": "application/json"}), 400)

@@ -71,9 +71,9 @@ async def test_a_version_1_database_is_migrated_keeping_its_jobs(tmp_path: Path)
     conn.close()
     async with open_store(_options(tmp_path), NOW) as store:
         old = await store.get_batch("o", "batch_old")
-    assert old is not None and (old.counts, old.usage) == (RequestCounts(3, 3, 0), None)
+    assert old is not None and (old.counts, old.usage, old.output_expires_after) == (RequestCounts(3, 3, 0), None, None)
     conn = sqlite3.connect(tmp_path / "store" / "store.db")
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
 
 
 async def test_an_unusable_directory_is_one_clear_error(tmp_path: Path) -> None:

@@ -131,6 +131,13 @@ def usage_of(path: Path) -> BatchUsage:
     return BatchUsage(input_tokens, cached, output, reasoning)
 
 
+def _kept_for(record: BatchRecord, retention: int) -> int:
+    """Seconds a job's output and error files are kept: the client's ``output_expires_after``,
+    never more than the server's file retention."""
+    asked = record.output_expires_after
+    return retention if asked is None else min(asked, retention)
+
+
 def _any_body(body: bytes) -> None:
     """The body check of a line whose body was checked at the job's creation (see ``_feed``)."""
     return None
@@ -584,7 +591,7 @@ class BatchRunner:
                         purpose="batch_output",
                         bytes=size,
                         created_at=now,
-                        expires_at=now + store.options.file_retention,
+                        expires_at=now + _kept_for(record, store.options.file_retention),
                     ),
                     written=path,
                 )

@@ -117,6 +117,7 @@ async def create(
         errors=found.errors,
         times=BatchTimes(in_progress_at=now),
         model=found.model or engine.info.name,
+        output_expires_after=None if req.output_expires_after is None else req.output_expires_after.seconds,
     )
     if failed:
         record = await jobs.fail(record)

@@ -26,6 +26,7 @@ from braid.routes.common import JsonResponse
 from braid.store.db import Store
 from braid.store.records import FileRecord, new_id
 from braid.wire import files as wire
+from braid.wire.files import MAX_EXPIRY, MIN_EXPIRY
 from braid.wire.multipart import FileData, FileStart, FormReader, boundary_of
 from braid.wire.openapi import JsonSchema, Operation, Outcome, error_outcomes, ref
 
@@ -34,8 +35,6 @@ FORM_OVERHEAD = 64 * 1024
 MAX_FILENAME_CHARS = 255
 MAX_FILE_LIST = 10_000
 """The largest (and default) page of ``GET /v1/files``, as OpenAI's."""
-MIN_EXPIRY, MAX_EXPIRY = 3600, 30 * 86_400
-"""``expires_after[seconds]``'s range, as OpenAI's."""
 READ_CHUNK = 256 * 1024
 
 

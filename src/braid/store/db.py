@@ -109,6 +109,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX responses_by_expiry ON responses (expires_at)",
     ),
+    # 4: a job's output_expires_after (seconds; NULL: the server's file retention).
+    ("ALTER TABLE batches ADD COLUMN output_expires_after INTEGER",),
 )
 """Each schema version's statements; the database's ``user_version`` is how many have run."""
 
@@ -125,7 +127,8 @@ _RESPONSE_SIZE = "length(body) + length(messages)"
 _FILE_COLUMNS = "id, owner, filename, purpose, bytes, created_at, expires_at"
 _BATCH_COLUMNS = (
     "id, owner, endpoint, input_file_id, completion_window, status, created_at, expires_at, "
-    "total, completed, failed, metadata, errors, times, output_file_id, error_file_id, model, usage"
+    "total, completed, failed, metadata, errors, times, output_file_id, error_file_id, model, usage, "
+    "output_expires_after"
 )
 
 
@@ -153,12 +156,13 @@ def _batch_row(b: BatchRecord) -> tuple[Any, ...]:
         b.error_file_id,
         b.model,
         None if b.usage is None else json.dumps(attrs.asdict(b.usage)),
+        b.output_expires_after,
     )
 
 
 def _batch(row: Sequence[Any]) -> BatchRecord:
     (id_, owner, endpoint, input_file_id, window, status, created, expires, total, completed, failed) = row[:11]
-    metadata, errors, times, output_file_id, error_file_id, model, usage = row[11:]
+    metadata, errors, times, output_file_id, error_file_id, model, usage, output_expires_after = row[11:]
     return BatchRecord(
         id=id_,
         owner=owner,
@@ -176,6 +180,7 @@ def _batch(row: Sequence[Any]) -> BatchRecord:
         error_file_id=error_file_id,
         model=model,
         usage=None if usage is None else BatchUsage(**json.loads(usage)),
+        output_expires_after=output_expires_after,
     )
 
 

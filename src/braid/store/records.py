@@ -133,6 +133,9 @@ class BatchRecord:
     """The model the lines name, when they all name the same one."""
     usage: BatchUsage | None = None
     """Set when the job ends (its output file's rows summed); None before, or for a failed job."""
+    output_expires_after: int | None = None
+    """Seconds the job's output and error files are kept after they are made (the client's
+    ``output_expires_after``; None: the server's ``--file-retention``, which also caps it)."""
 
 
 @attrs.frozen

@@ -111,6 +111,17 @@ class BatchList(msgspec.Struct, forbid_unknown_fields=True):
     has_more: bool
 
 
+MIN_EXPIRY, MAX_EXPIRY = 3600, 30 * 86_400
+"""The range of a file's ``expires_after[seconds]`` and a batch's ``output_expires_after.seconds``, as OpenAI's."""
+
+
+class ExpiresAfter(msgspec.Struct, forbid_unknown_fields=True):
+    """OpenAI's expiration policy: ``seconds`` after ``anchor`` (``"created_at"``, the only one)."""
+
+    anchor: str
+    seconds: int
+
+
 class BatchCreateBody(msgspec.Struct):
     """The body of ``POST /v1/batches``. Unknown fields are ignored, as vLLM ignores them."""
 
@@ -118,6 +129,9 @@ class BatchCreateBody(msgspec.Struct):
     endpoint: str
     completion_window: str
     metadata: dict[str, str] | None = None
+    output_expires_after: ExpiresAfter | None = None
+    """When the job's output and error files expire, after their creation (at most the server's
+    ``--file-retention``)."""
 
 
 MAX_METADATA_PAIRS = 16
@@ -146,6 +160,15 @@ def parse_batch_create(body: bytes) -> BatchCreateBody:
                     f"metadata keys may have at most {MAX_METADATA_KEY} characters and values {MAX_METADATA_VALUE}.",
                     param="metadata",
                 )
+    after = b.output_expires_after
+    if after is not None:
+        if after.anchor != "created_at":
+            raise InvalidRequest("output_expires_after.anchor must be 'created_at'.", param="output_expires_after")
+        if not MIN_EXPIRY <= after.seconds <= MAX_EXPIRY:
+            raise InvalidRequest(
+                f"output_expires_after.seconds must be between {MIN_EXPIRY} and {MAX_EXPIRY}.",
+                param="output_expires_after",
+            )
     return b
 
 
