@@ -166,6 +166,43 @@ async def test_an_engine_failure_gives_back_every_line_without_an_answer() -> No
     assert st.admission.in_use == 0 and st.admission.waiting == 0
 
 
+async def test_a_drain_ends_a_running_group_and_gives_back_what_is_unanswered() -> None:
+    engine = ScriptedEngine(token_delay=0.01)
+    st = state(engine)
+    group = lines(
+        {"prompt": "quick", "max_tokens": 1, "ignore_eos": True},
+        *({"prompt": f"p{i}", "max_tokens": 200, "ignore_eos": True} for i in range(3)),
+    )
+    answers: dict[str, JsonResponse] = {}
+
+    async def answer(line: Runnable, result: JsonResponse) -> None:
+        answers[line.custom_id] = result
+        st.draining = True  # the drain starts once the first line is answered
+
+    with trio.fail_after(1):  # not the 2 s the long lines would take
+        left = await run_group(st, completions.prepare, group, answer)
+    assert sorted(answers) == ["c1"] and answers["c1"].status == 200
+    assert left.lines == tuple(group[1:]) and isinstance(left.error, EngineUnavailable)
+    assert engine.in_flight == 0 and engine.aborted_total == 3
+
+
+async def test_a_group_is_bounded_by_its_job_not_by_the_request_timeout() -> None:
+    # 20 tokens of 10 ms each: a line alone outlives a 0.05 s --request-timeout; in a group it
+    # is bounded by its job's window instead (one deadline cannot be every line's).
+    engine = ScriptedEngine(token_delay=0.01)
+    st = state(engine, request_timeout=0.05)
+    group = lines(*({"prompt": f"p{i}", "max_tokens": 20, "ignore_eos": True} for i in range(3)))
+    left, answers = await run(st, completions.prepare, group)
+    assert left == Left() and {r.status for r in answers.values()} == {200}
+
+    async def read_body() -> bytes:
+        return group[0].body
+
+    by_itself = state(ScriptedEngine(token_delay=0.01), request_timeout=0.05)
+    result = await completions.completions(by_itself, read_body, content_type=JSON, request_id=None, background=True)
+    assert isinstance(result, JsonResponse) and result.status == 408
+
+
 async def test_a_draining_server_gives_back_every_line_unrun() -> None:
     st = state()
     st.draining = True

@@ -16,15 +16,20 @@ So the runner runs consecutive lines as one *group* (:func:`run_group`):
 * Each line is answered as soon as its own prompts have finished: no line waits for another.
 * Lines that cannot share the run (another ``n`` or ``priority`` than the group's first line:
   one ticket has one cost and one place in the ring), and every line left unanswered when the
-  group stops with an error (admission refused it, the engine failed, the deadline passed), are
-  given back with the error (:class:`Left`): the runner runs each of them alone, so an error is
-  the answer of the line that caused it, not of its neighbours.
-* Cancellation (a cancelled or expired job, a drain) aborts the group's engine requests as a
-  client's disconnect aborts a request's, and propagates; the lines not yet answered are not.
+  group stops with an error (admission refused it, the engine failed), are given back with the
+  error (:class:`Left`): the runner runs the first as a group of their own and the others each
+  alone, so an error is the answer of the line that caused it, not of its neighbours.
+* No ``--request-timeout``: one deadline would cover every line of the group, not each. A job's
+  lines are bounded by its completion window, as the runner enforces it.
+* Cancellation (a cancelled or expired job, the runner's end) aborts the group's engine requests
+  as a client's disconnect aborts a request's, and propagates; the lines not yet answered are
+  not. A server that starts draining ends the group at its next output with a 503 for every line
+  not answered, which the runner leaves for the restart, as it leaves a line alone refused then.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import cast
 
@@ -33,8 +38,17 @@ import trio
 
 from braid.batch.validate import Runnable
 from braid.engine.base import Observe
-from braid.errors import BraidError, InvalidRequest
-from braid.routes.common import AppState, JsonResponse, Prepare, Prepared, admit, error_response, open_run
+from braid.errors import BraidError, EngineUnavailable, InvalidRequest
+from braid.routes.common import (
+    DRAINING_RETRY_AFTER,
+    AppState,
+    JsonResponse,
+    Prepare,
+    Prepared,
+    admit,
+    error_response,
+    open_run,
+)
 from braid.stream.plan import Arrival, Plan, PlanItem
 
 Answer = Callable[[Runnable, JsonResponse], Awaitable[None]]
@@ -74,9 +88,12 @@ async def run_group(state: AppState, prepare: Prepare, lines: Sequence[Runnable]
     """Run ``lines`` as one group (see the module): every line answered through ``answer``, except
     those given back. Raises only what cancels it."""
     try:
-        ticket, arrived, deadline = admit(state, "application/json", None, background=True)
+        ticket, arrived, _ = admit(state, "application/json", None, background=True)
     except BraidError as err:
         return Left(tuple(lines), err)
+    # No --request-timeout: it would cover every line of the group, not each; a job's lines are
+    # bounded by its completion window (the runner's), as a batch is.
+    deadline = math.inf
     try:
         members: list[tuple[Runnable, Prepared]] = []
         apart: list[Runnable] = []
@@ -130,6 +147,10 @@ async def run_group(state: AppState, prepare: Prepare, lines: Sequence[Runnable]
                         line, prepared = members[k]
                         headers = (("X-Request-Id", prepared.plan.meta.id),)
                         await answer(line, JsonResponse(200, collector.body(), headers))
+                if state.draining:
+                    # Background work is not started while the server drains (a line alone is
+                    # refused then): the rest of the group waits for the restart.
+                    run.abort_all(EngineUnavailable("The server is shutting down.", retry_after=DRAINING_RETRY_AFTER))
     except BraidError as err:
         left = tuple(line for k, (line, _) in enumerate(members) if not answered[k])
         return Left(left + tuple(apart), err)

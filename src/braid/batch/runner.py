@@ -60,9 +60,9 @@ log = logging.getLogger("braid.batch")
 READ_LINES = 256
 """Lines read from an input file per worker-thread call."""
 COUNTS_EVERY = 0.5
+"""Seconds between two writes of a running job's counts to the store."""
 GATHER_ROWS = 0.02
 """Seconds the writer waits for more rows when it has few, so that rows go to disk in batches."""
-"""Seconds between two writes of a running job's counts to the store."""
 MIN_IN_FLIGHT, EXTRA_IN_FLIGHT = 8, 16
 
 
@@ -429,6 +429,13 @@ class BatchRunner:
             held.discard(line)
             self._room.give(1)
 
+        async def alone(line: Runnable) -> None:
+            result = await self._alone(view, line)
+            if result is None:
+                self._stop(job)
+                return
+            await answer(line, result)
+
         async with send:
             try:
                 pending: Sequence[Runnable] = lines
@@ -437,18 +444,19 @@ class BatchRunner:
                     if isinstance(left.error, TooManyRequests):
                         # The background queue is full of other clients' work: wait as told.
                         await trio.sleep(left.error.retry_after or 1)
-                        pending = left.lines
-                        continue
-                    if isinstance(left.error, EngineUnavailable):
+                    elif isinstance(left.error, EngineUnavailable):
                         self._stop(job)
                         return
-                    for line in left.lines:
-                        result = await self._alone(view, line)
-                        if result is None:
-                            self._stop(job)
-                            return
-                        await answer(line, result)
-                    break
+                    elif left.error is None and len(left.lines) < len(pending):
+                        pass  # lines of another n or priority: a group of their own
+                    else:
+                        # The run failed (or, were it a bug, answered no line): each line alone,
+                        # all at once, so that an error is its own line's answer.
+                        async with trio.open_nursery() as nursery:
+                            for line in left.lines:
+                                nursery.start_soon(alone, line)
+                        return
+                    pending = left.lines
             finally:
                 self._room.give(len(held))
 
