@@ -94,6 +94,9 @@ KIND_EVENTS: Mapping[str, Event] = {
     "slot_grant": Event.SLOT,
     "slot_cancel": Event.SLOT,
     "slot_release": Event.SLOT,
+    # The engine's word that a request is near its end matters to admission only (its slots
+    # may be handed on): a slot event for the machine, judged by invariant 16.
+    "engine_ending": Event.SLOT,
     "sse_malformed": Event.SSE_MALFORMED,
     "json": Event.JSON,
     "end": Event.END,

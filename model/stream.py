@@ -26,7 +26,9 @@ Trace format (everything is plain JSON-like data)::
       "parses": [ {"content": str | None, "reasoning": str | None,
                    "tool_calls": [[name, arguments], ...]} | None, ... ],   # per choice index
       "limits": {"heartbeat": float,           # the server's idle heartbeat period
-                 "abort_bound": float},        # how long an abort may take after its trigger
+                 "abort_bound": float,         # how long an abort may take after its trigger
+                 "max_in_flight": int,         # the server's engine slots (0: unbounded)
+                 "handover_tokens": int},      # slots are handed on with at most this many left
       "left_running": int,                     # engine requests still running after the end
       "records": [ {"seq": int, "t": float, "kind": str, ...}, ... ]   # in seq order
     }
@@ -41,6 +43,9 @@ Record kinds (``seq`` is a total order, ``t`` virtual time):
 * ``engine_close`` ``prompt``, ``outcome`` (``finished`` | ``failed`` | ``aborted``), ``error``
   (``None`` | ``EngineError`` | ``EngineRejected`` | ``StreamStalled`` | other class name) and
   ``aborts`` (how many aborts the engine saw for this request).
+* ``engine_ending`` ``prompt``, ``tokens_left``: the engine said the request of prompt ``prompt``
+  is near its end: at most ``tokens_left`` of its ``max_tokens`` are still to come (its slots
+  may be handed on from here, before its ``engine_close``).
 * ``disconnect`` / ``drain``: the client went away / the server's drain deadline cancelled the request.
 * ``sse``  ``event`` (one event from :func:`parse_sse`) and ``wait`` (seconds the body was
   waited on before it produced the write holding this event).
@@ -854,16 +859,31 @@ def liveness(trace: Trace) -> Iterable[str]:
 @invariant(
     16,
     "Admission: a prompt's engine request opens only after its slots were granted; the request "
-    "never holds more than max_in_flight slots; by its end it holds none and waits for none (a "
-    "request cancelled while prompts wait for slots opens none of them).",
+    "never holds more than max_in_flight slots, and never fewer than its open engine requests take "
+    "(n each) unless the engine said they are near their end, with at most handover_tokens left; "
+    "by its end it holds none and waits for none (a request cancelled while prompts wait for "
+    "slots opens none of them).",
     prefix_safe=True,
 )
 def admission(trace: Trace) -> Iterable[str]:
     cap = trace["limits"].get("max_in_flight", 0)
+    lead = trace["limits"].get("handover_tokens", 0)
+    n = trace["request"]["n"]
     grants = opens = holds = asks = 0
+    running: set[int] = set()  # prompts whose engine request is open and not near its end
     ended = False
     for r in trace["records"]:
         kind = r["kind"]
+        if kind == "engine_open":
+            running.add(r["prompt"])
+            if cap and holds < n * len(running):
+                yield f"seq {r['seq']}: prompt {r['prompt']}'s engine request opened without its slots held"
+        elif kind == "engine_close":
+            running.discard(r["prompt"])
+        elif kind == "engine_ending":
+            if r["tokens_left"] > lead:
+                yield f"seq {r['seq']}: prompt {r['prompt']} handed on with {r['tokens_left']} tokens left (at most {lead})"
+            running.discard(r["prompt"])
         if kind == "slot_ask":
             asks += 1
         elif kind == "slot_cancel":
@@ -882,6 +902,8 @@ def admission(trace: Trace) -> Iterable[str]:
             holds -= r["slots"]
             if holds < 0:
                 yield f"seq {r['seq']}: more slots released than granted"
+            elif cap and holds < n * len(running):
+                yield f"seq {r['seq']}: slots released that {len(running)} engine requests still run on, not near their end"
         elif kind == "engine_open" and cap:
             opens += 1
             if opens > grants:

@@ -30,7 +30,7 @@ import attrs
 import trio
 import trio.testing
 
-from braid.engine.base import Deliver, EngineOutput, EngineRequest, FailureHandler, Observe
+from braid.engine.base import Deliver, Ending, EngineOutput, EngineRequest, FailureHandler, Observe
 from braid.engine.scripted import ScriptedEngine
 from braid.errors import BraidError, EngineError, EngineRejected
 from braid.metrics import Metrics
@@ -306,6 +306,7 @@ class Recorder:
                 "heartbeat": self.scenario.heartbeat,
                 "abort_bound": ABORT_BOUND,
                 "max_in_flight": self.max_in_flight,
+                "handover_tokens": Settings().handover_tokens,
             },
             "left_running": self.left_running,
             "records": list(self.records),
@@ -371,6 +372,7 @@ class RecordingEngine:
         on_failure: FailureHandler | None = None,
         deliver: Deliver | None = None,
         observe: Observe | None = None,
+        ending: Ending | None = None,
     ) -> AsyncIterator[AsyncIterator[EngineOutput]]:
         base, _, idx = request.request_id.rpartition("-")
         rec, patterns = self.requests[base]
@@ -401,7 +403,17 @@ class RecordingEngine:
         rec.prompt_ids[prompt] = list(request.prompt_token_ids)
         rec.add("engine_open", prompt=prompt, prompt_tokens=len(request.prompt_token_ids))
         try:
-            async with self.inner.open_request(request, failed, direct, observe=observe) as outputs:
+            told = None
+            if ending is not None:
+                # Recorded before the call, whose release the admission records next.
+                after, call, max_tokens = ending.after, ending.call, request.params.max_tokens
+
+                def near() -> None:
+                    rec.add("engine_ending", prompt=prompt, tokens_left=max_tokens - after)
+                    call()
+
+                told = Ending(after, near)
+            async with self.inner.open_request(request, failed, direct, observe=observe, ending=told) as outputs:
                 timed = self._timed(outputs, rec, prompt, pattern)
                 try:
                     yield timed

@@ -244,6 +244,31 @@ MUTANTS = [
         ),
         "one engine request more than the server's slots is let into the engine",
     ),
+    # Handing slots on before a prompt's end (Settings.handover_tokens): invariant 16.
+    Mutant(
+        "handover_at_first_token",
+        "stream/run.py",
+        (
+            (
+                "        ending = Ending(max(1, max_tokens - lead), hand_on) if lead and cost == 1 else None\n",
+                "        ending = Ending(1, hand_on) if lead and cost == 1 else None\n",
+            ),
+        ),
+        "a prompt hands its slots on at its first token, long before its end: the next one waits "
+        "in the engine's queue for the whole of it",
+    ),
+    Mutant(
+        "handover_at_open",
+        "stream/run.py",
+        (
+            (
+                "        try:\n            yield ending\n",
+                "        try:\n            hand_on()\n            yield ending\n",
+            ),
+        ),
+        "a prompt's slots are handed on as its engine request opens: the engine runs more requests "
+        "than admission's slots",
+    ),
     Mutant(
         "run_error_as_500",
         "routes/common.py",

@@ -104,6 +104,11 @@ class Settings:
     background_slots: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     """Engine slots the background class may hold at once (``docs/admission.md``); 0: every slot
     but the reserve, so background work alone runs the engine as full as a batch does."""
+    handover_tokens: int = attrs.field(default=2, validator=attrs.validators.ge(0))
+    """A prompt hands its engine slots to the next waiting prompt once at most this many of its
+    ``max_tokens`` are left to generate (its end is then certain and near), so that the next
+    request waits in the engine's queue as the slot frees, instead of the engine running a step
+    without it (``docs/admission.md``); 0: only when its engine request has ended."""
     request_timeout: float | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.gt(0))
     )

@@ -19,7 +19,7 @@ import trio
 import trio.testing
 import zmq
 
-from braid.engine.base import EngineOutput, EngineRequest, ModelInfo, SamplingParams
+from braid.engine.base import Ending, EngineOutput, EngineRequest, ModelInfo, SamplingParams
 from braid.engine.vllm_common import CPU_ENVIRONMENT, OFFLINE_ENVIRONMENT, HfTokenizer, engine_outputs
 from braid.engine.vllm_core import MAX_BURST, OUTPUT_CHUNK, FaultySlot, OutputSlot, VllmCoreEngine
 from braid.errors import BraidError, EngineError, EngineUnavailable
@@ -245,7 +245,7 @@ class FakeClient:
 class Step:
     """One engine step's message (vLLM's EngineCoreOutputs, as far as the pump reads it)."""
 
-    outputs: list[str] | list[tuple[str, Out]]  # ids, or (id, output) for PuttingOutputProcessor
+    outputs: list[str] | list[tuple[str, Out]] | list[CoreOutput]  # ids, (id, output), or counted tokens
     utility_output: object = None
     timestamp: float = 0.0
     scheduler_stats: object = None
@@ -392,6 +392,52 @@ async def test_the_pump_processes_steps_and_aborts_what_stop_strings_finished() 
         assert op.steps[-1] == ["c"]
         nursery.cancel_scope.cancel()
     assert engine.healthy
+
+
+@attrs.define
+class CoreOutput:
+    """One request's part of an engine step, as far as the pump counts tokens."""
+
+    request_id: str
+    new_token_ids: list[int]
+
+
+class CountingProcessor(FakeOutputProcessor):
+    def process_outputs(self, outputs: list[Any], timestamp: float, stats: object) -> Processed:
+        self.steps.append(outputs)
+        return Processed([])
+
+
+async def test_a_request_is_told_once_after_its_tokens_and_after_the_step_is_processed() -> None:
+    engine, sock, _, _ = make_engine()
+    op = engine.output_processor = CountingProcessor()
+    told: list[int] = []  # the steps processed when it was told
+    one = EngineRequest("r", (1, 2), SamplingParams(max_tokens=8), "ab")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(engine.pump_outputs)
+        async with engine.open_request(one, ending=Ending(3, lambda: told.append(len(op.steps)))):
+            sock.push(Step([CoreOutput("r-int", [5]), CoreOutput("other", [5, 6, 7])]))
+            await trio.testing.wait_all_tasks_blocked()
+            assert told == []  # another request's tokens do not count
+            sock.push(Step([CoreOutput("r-int", [6, 7])]))  # two at once (speculative decoding)
+            await trio.testing.wait_all_tasks_blocked()
+            assert told == [2]
+            sock.push(Step([CoreOutput("r-int", [8])]))
+            await trio.testing.wait_all_tasks_blocked()
+            assert told == [2]  # once
+        # Left before its tokens came: never told, and nothing is kept for it.
+        async with engine.open_request(one, ending=Ending(3, lambda: told.append(-1))):
+            sock.push(Step([CoreOutput("r-int", [5])]))
+            await trio.testing.wait_all_tasks_blocked()
+        sock.push(Step([CoreOutput("r-int", [6, 7, 8])]))
+        await trio.testing.wait_all_tasks_blocked()
+        # n = 2: its children are counted apart, and its owner is told nothing.
+        async with engine.open_request(N2, ending=Ending(1, lambda: told.append(-2))):
+            sock.push(Step([CoreOutput("0_r-int", [5]), CoreOutput("1_r-int", [5])]))
+            await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert told == [2]
+    assert engine._endings == {}
 
 
 async def test_a_utility_call_is_answered_through_the_pump() -> None:

@@ -146,7 +146,12 @@ class EmptyDeltaEngine(ScriptedEngine):
 
     @asynccontextmanager
     async def open_request(
-        self, request: EngineRequest, on_failure: object = None, deliver: object = None, observe: object = None
+        self,
+        request: EngineRequest,
+        on_failure: object = None,
+        deliver: object = None,
+        observe: object = None,
+        ending: object = None,
     ) -> AsyncIterator[AsyncIterator[EngineOutput]]:
         async def outputs() -> AsyncIterator[EngineOutput]:
             await trio.sleep(6)

@@ -143,7 +143,12 @@ async def test_cancellation_propagates_after_every_engine_request_is_aborted() -
 class _BrokenEngine(ScriptedEngine):
     @asynccontextmanager
     async def open_request(
-        self, request: EngineRequest, on_failure: object = None, deliver: object = None, observe: object = None
+        self,
+        request: EngineRequest,
+        on_failure: object = None,
+        deliver: object = None,
+        observe: object = None,
+        ending: object = None,
     ) -> AsyncIterator[AsyncIterator[EngineOutput]]:
         raise RuntimeError("a bug")
         yield  # pragma: no cover

@@ -232,6 +232,47 @@ async def test_a_batch_larger_than_the_slots_starts_progressively_in_prompt_orde
     assert (adm.in_use, adm.queued, adm.waiting) == (0, 0, 0)
 
 
+@pytest.mark.parametrize(
+    ("lead", "starts", "peak"),
+    [
+        # p0's 3rd of 5 tokens comes at 0.3 s: p1 opens then, its first token 0.1 s later
+        (2, [0.1, 0.4, 0.7], 2),
+        (0, [0.1, 0.6, 1.1], 1),  # each prompt waits for the last token of the one before
+        (9, [0.1, 0.2, 0.3], 3),  # more than max_tokens: handed on at the first token
+    ],
+)
+async def test_a_prompt_near_its_end_hands_its_slots_to_the_next(
+    autojump_clock: trio.testing.MockClock, lead: int, starts: list[float], peak: int
+) -> None:
+    engine = ScriptedEngine(token_delay=0.1)
+    plan = plan_for(engine, b'{"prompt": ["a","b","c"], "max_tokens": 5, "ignore_eos": true, "stream": true}')
+    adm = Admission(slots=1)
+    first: dict[int, float] = {}
+    most = 0
+
+    async def watch() -> None:
+        nonlocal most
+        while True:
+            most = max(most, engine.in_flight)
+            await trio.sleep(0.01)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch)
+        run = CompletionRun(engine, plan, Metrics(), Settings(handover_tokens=lead), ticket=adm.admit())
+        async with run:
+            while True:
+                try:
+                    for idx, _ in arrivals(await run.receive_ready()):
+                        first.setdefault(idx, trio.current_time())
+                except trio.EndOfChannel:
+                    break
+        nursery.cancel_scope.cancel()
+    assert [first[i] for i in range(3)] == pytest.approx(starts)
+    assert most == peak
+    assert engine.finished_total == 3 and engine.aborted_total == 0
+    assert (adm.in_use, adm.queued, adm.waiting) == (0, 0, 0)
+
+
 async def test_a_run_cancelled_while_prompts_are_queued_leaves_nothing(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

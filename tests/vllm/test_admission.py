@@ -14,7 +14,8 @@ from tests.helpers import VllmServer
 def test_a_small_request_starts_beside_a_large_batch(vllm_server: VllmServer) -> None:
     """A 1-prompt stream sent while another client's 512-prompt batch runs gets its first token
     long before the batch ends (without admission it waited behind all 512 in vLLM's queue), and
-    braid never has more engine requests in flight than its slots."""
+    braid never grants more slots than it has; only prompts in their last tokens, whose slots
+    went on to the next prompts (Settings.handover_tokens), are in the engine beyond them."""
     rnd = random.Random(7)
     prompts = [[rnd.randrange(10, 2000) for _ in range(32)] for _ in range(512)]
     url, model = vllm_server.url, vllm_server.model
@@ -22,6 +23,7 @@ def test_a_small_request_starts_beside_a_large_batch(vllm_server: VllmServer) ->
     result: dict[str, float] = {}
     done = threading.Event()
     peak = [0.0]
+    peak_slots = [0.0]
 
     def batch() -> None:
         t0 = time.perf_counter()
@@ -34,6 +36,7 @@ def test_a_small_request_starts_beside_a_large_batch(vllm_server: VllmServer) ->
     def poll() -> None:
         while not done.is_set():
             peak[0] = max(peak[0], vllm_server.metric("braid_engine_requests_in_flight"))
+            peak_slots[0] = max(peak_slots[0], vllm_server.metric("braid_admission_slots_in_use"))
             time.sleep(0.02)
 
     threads = [threading.Thread(target=batch), threading.Thread(target=poll)]
@@ -53,8 +56,10 @@ def test_a_small_request_starts_beside_a_large_batch(vllm_server: VllmServer) ->
     # is still far from done.
     assert result["small"] < 0.25 * result["batch"], result
     assert small_done - t0 < 0.5 * result["batch"], result
-    # The tier's engine runs the tiny model's 64 sequences plus braid's reserve of 4.
-    assert 0 < peak[0] <= 68, peak
+    # The tier's engine runs the tiny model's 64 sequences plus braid's reserve of 4; a wave of
+    # the batch near its end may have handed its slots on already, waiting in the engine's queue.
+    assert 0 < peak_slots[0] <= 68, peak_slots
+    assert 0 < peak[0] <= 68 + 64, peak
     vllm_server.wait_engine_idle()
     assert vllm_server.metric("braid_admission_slots_in_use") == 0
     assert vllm_server.metric("braid_admission_queued_requests") == 0

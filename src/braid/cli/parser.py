@@ -312,6 +312,17 @@ def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser], env
     add_field_option(
         a,
         Settings,
+        "handover_tokens",
+        "--handover-tokens",
+        type=int,
+        metavar="T",
+        help="a prompt hands its engine slots on to the next waiting prompt when at most T of its "
+        "max_tokens are left, so the engine never runs a step short of the next request "
+        "(0: when its engine request has ended)",
+    )
+    add_field_option(
+        a,
+        Settings,
         "reserve",
         "--admission-reserve",
         type=int,

@@ -55,6 +55,14 @@ Contract:
   engine that makes only the final output, as vLLM's ``FINAL_ONLY`` does, observes that one).
   An engine whose outputs come merged from elsewhere (:class:`~braid.engine.vllm.VllmEngine`:
   ``AsyncLLM`` merges them before braid sees them) observes each as it receives it.
+* **An engine may say when a request is about to end.** ``open_request(..., ending=Ending(after,
+  call))``: once the request (of one choice) has generated ``after`` tokens, ``call()`` is called,
+  at most once, on the Trio thread, outside the engine's own output processing, and never after
+  the block is left (the step that makes the ``after``-th token may also end the request).
+  braid's run hands the prompt's slots on then (:mod:`braid.stream.run`), so that the next
+  prompt's request is in the engine's queue when this one's slot frees: with ``after`` a few
+  tokens short of ``max_tokens`` the end is certain, and near. An engine that never calls it is
+  correct; its slots are just handed on when the request has ended.
 * A structured-output constraint (``SamplingParams.structured_outputs``) is checked with
   :func:`check_structured` before the response starts, so that a constraint the engine cannot
   compile is a 400, not an error after a stream's 200.
@@ -258,6 +266,15 @@ Observe = Callable[[EngineOutput], None]
 """Sees each output as the engine makes it, before any merging (see the module docstring)."""
 
 
+@attrs.frozen
+class Ending:
+    """When to tell a request's owner that its end is near (see the module docstring)."""
+
+    after: int = attrs.field(validator=attrs.validators.ge(1))
+    """Generated tokens after which :attr:`call` is called."""
+    call: Callable[[], None] = attrs.field(eq=False)
+
+
 class Tokenizer(Protocol):
     """A model's tokenizer, used on the Trio thread. ``decode``, ``token_strs`` and
     ``apply_chat_template`` only read it, so braid also calls them from its one tokenizing
@@ -340,6 +357,7 @@ class Engine(Protocol):
         deliver: Deliver | None = None,
         *,
         observe: Observe | None = None,
+        ending: Ending | None = None,
     ) -> AbstractAsyncContextManager[AsyncIterator[EngineOutput]]: ...
 
     def abort_requests(self, request_ids: Sequence[str]) -> None:

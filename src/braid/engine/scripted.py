@@ -91,6 +91,7 @@ from braid.engine.adapters import adapter_not_found
 from braid.engine.base import (
     ChoiceDelta,
     Deliver,
+    Ending,
     EngineOutput,
     EngineRequest,
     FailureHandler,
@@ -324,6 +325,8 @@ class _Generation:
     cached_tokens: int = 0
     scripts: tuple[bytes, ...] = ()  # the prompt's <braid:say> texts
     observe: Observe | None = None
+    ending: Ending | None = None
+    """Told once ``ending.after`` tokens are made (a request of one choice; see braid.engine.base)."""
     finished: bool = False
     failure: BraidError | None = None  # the fault that ended it
 
@@ -414,6 +417,7 @@ class _Generation:
         prompt_logprobs = self._prompt_logprobs()
         observe = self.observe
         produced = 0
+        ending_after = self.ending.after if self.ending is not None and p.n == 1 else -1
         # In lockstep, a final_only request's steps run back to back: nobody reads between them
         # (vLLM's FINAL_ONLY wakes its reader once too), so the ceiling's non-streaming run
         # measures braid, not a scheduler round per token of this test double.
@@ -432,6 +436,9 @@ class _Generation:
             output = EngineOutput(ids, deltas, done, prompt_logprobs, self.cached_tokens)
             if observe is not None:
                 observe(output)
+            if produced == ending_after:
+                assert self.ending is not None
+                self.ending.call()
             yield output
             prompt_logprobs = None
             if done:
@@ -655,11 +662,13 @@ class ScriptedEngine:
         deliver: Deliver | None = None,
         *,
         observe: Observe | None = None,
+        ending: Ending | None = None,
     ) -> AsyncIterator[AsyncIterator[EngineOutput]]:
         """Run one request (see the module docstring for its pace, faults and script). Leaving
         early (cancellation included) aborts it; nothing here waits for anything on exit. On its
         own clock it delivers outputs with ``deliver``; in lockstep its reader asks for each.
-        ``observe`` sees every step's output as it is made, in both."""
+        ``observe`` sees every step's output as it is made, in both, and ``ending`` is called
+        as its step comes, before that step's output is handed on."""
         if not self.healthy:
             raise EngineUnavailable("The engine is not running.")
         try:
@@ -676,6 +685,7 @@ class ScriptedEngine:
             self.prefix_cache.read(request.prompt_token_ids),
             tuple(say.encode() for say in _SAY.findall(text)),
             observe,
+            ending,
         )
 
         def failed(err: BraidError) -> None:

@@ -26,6 +26,7 @@ import trio
 from braid.engine.asyncio_bridge import AsyncioThread, open_asyncio_thread
 from braid.engine.base import (
     Deliver,
+    Ending,
     Engine,
     EngineOutput,
     EngineRequest,
@@ -137,6 +138,7 @@ class VllmEngine:
         deliver: Deliver | None = None,  # not used: outputs cross from the asyncio thread to the reader
         *,
         observe: Observe | None = None,  # as outputs are received, already merged by vLLM (see the class)
+        ending: Ending | None = None,  # not used: the slots are handed on when the request ends
     ) -> AsyncIterator[AsyncIterator[EngineOutput]]:
         if self.llm.errored:
             raise EngineUnavailable("The engine is not running.")

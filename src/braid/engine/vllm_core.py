@@ -42,6 +42,7 @@ import trio
 
 from braid.engine.base import (
     Deliver,
+    Ending,
     EngineOutput,
     EngineRequest,
     FailureHandler,
@@ -277,6 +278,9 @@ class VllmCoreEngine:
     _dead: BaseException | None = None
     _utility: dict[int, tuple[trio.Event, list[Any]]] = attrs.field(factory=dict)
     _failures: list[OutputSlot] = attrs.field(factory=list)  # failed slots not yet reported
+    _endings: dict[str, list[Any]] = attrs.field(factory=dict)
+    """Requests whose owner waits to hear that their end is near: internal id -> [tokens still
+    to come before it is told, its call] (:class:`~braid.engine.base.Ending`)."""
 
     @property
     def healthy(self) -> bool:
@@ -347,6 +351,7 @@ class VllmCoreEngine:
         deliver: Deliver | None = None,
         *,
         observe: Observe | None = None,
+        ending: Ending | None = None,
     ) -> AsyncIterator[AsyncIterator[EngineOutput]]:
         if self._dead is not None:
             raise EngineUnavailable("The engine is not running.")
@@ -386,12 +391,16 @@ class VllmCoreEngine:
             with contextlib.suppress(Exception):
                 self._forget(internal_id)
             raise map_error(exc) from exc
+        if ending is not None and request.params.n == 1:
+            # (n > 1: its children are counted apart; their owner is told when they have ended.)
+            self._endings[internal_id] = [ending.after, ending.call]
         agen = engine_outputs(slot.get, None)
         try:
             yield agen
         finally:
             # The block is left: the abort's own final output must not reach the run.
             slot.deliver = slot.observe = None
+            self._endings.pop(internal_id, None)
             await agen.aclose()
             # A finished request is gone from the output processor already; this finds nothing.
             self._forget(internal_id)
@@ -466,12 +475,15 @@ class VllmCoreEngine:
                         if start:
                             # A step of a 1024-prompt batch: let the streams run between chunks.
                             await trio.lowlevel.checkpoint()
-                        processed = op.process_outputs(step[start : start + OUTPUT_CHUNK], outputs.timestamp, iteration)
+                        chunk = step[start : start + OUTPUT_CHUNK]
+                        processed = op.process_outputs(chunk, outputs.timestamp, iteration)
                         # Requests the output processor finished itself (stop strings).
                         self._abort_in_core(processed.reqs_to_abort)
                         if self._failures:
                             # Only now, outside the output processor: the handlers abort.
                             self._report_failures()
+                        if self._endings:
+                            self._count_endings(chunk)
                     op.update_scheduler_stats(outputs.scheduler_stats)
                     if stats is not None:
                         stats.record(outputs.scheduler_stats, iteration)
@@ -483,6 +495,22 @@ class VllmCoreEngine:
             with contextlib.suppress(Exception):
                 self._abort_in_core(list(op.request_states))
             self.mark_dead(exc)
+
+    def _count_endings(self, chunk: Sequence[Any]) -> None:
+        """Count one step's new tokens against the requests that wait to hear their end is near,
+        and tell those that have reached it (after the step's processing: the calls grant slots)."""
+        endings = self._endings
+        due = []
+        for core_output in chunk:
+            watch = endings.get(core_output.request_id)
+            if watch is None:
+                continue
+            watch[0] -= len(core_output.new_token_ids)
+            if watch[0] <= 0:
+                del endings[core_output.request_id]
+                due.append(watch[1])
+        for call in due:
+            call()
 
     def _utility_result(self, output: Any) -> None:
         waiter = self._utility.get(output.call_id)

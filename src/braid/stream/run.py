@@ -67,7 +67,7 @@ from contextlib import AbstractAsyncContextManager, contextmanager
 import attrs
 import trio
 
-from braid.engine.base import Engine, EngineOutput, Observe
+from braid.engine.base import Ending, Engine, EngineOutput, Observe
 from braid.errors import BraidError, DeadlineExceeded, DrainTimeout, StreamStalled
 from braid.metrics import AbortCause, Metrics, TokenTimer
 from braid.settings import Settings
@@ -297,7 +297,7 @@ class CompletionRun:
             seen(output)
             return True
 
-        with send, self._slots():
+        with send, self._slots(item) as ending:
             # Started in a chunk after the run was cancelled: do not open an engine request
             # only to abort it at once.
             await trio.lowlevel.checkpoint_if_cancelled()
@@ -307,7 +307,9 @@ class CompletionRun:
             self._open_ids.add(request_id)
             try:
                 observe = None if self.observe is None else self.observe(prompt_idx)
-                async with self.engine.open_request(item.request, on_failure, deliver, observe=observe) as outputs:
+                async with self.engine.open_request(
+                    item.request, on_failure, deliver, observe=observe, ending=ending
+                ) as outputs:
                     try:
                         async for output in outputs:
                             seen(output)
@@ -341,13 +343,32 @@ class CompletionRun:
                     m.abort(self._abort_cause())
 
     @contextmanager
-    def _slots(self) -> Iterator[None]:
-        """A driver's slots (granted by the supervisor before its start), handed back as it ends."""
+    def _slots(self, item: PlanItem) -> Iterator[Ending | None]:
+        """A driver's slots (granted by the supervisor before its start), handed back as it ends,
+        or earlier: when the engine says the request has at most ``handover_tokens`` of its
+        ``max_tokens`` left (the :class:`~braid.engine.base.Ending` yielded, for the driver to
+        pass the engine; None when there is nothing to hand on early)."""
+        ticket = self.ticket
+        if ticket is None:
+            yield None
+            return
+        cost = self.plan.n
+        held = True
+
+        def hand_on() -> None:
+            nonlocal held
+            if held:
+                held = False
+                ticket.release(cost)
+
+        lead = self.settings.handover_tokens
+        max_tokens = item.request.params.max_tokens
+        # n > 1: the engine counts its choices apart and says nothing; they hand on at the end.
+        ending = Ending(max(1, max_tokens - lead), hand_on) if lead and cost == 1 else None
         try:
-            yield
+            yield ending
         finally:
-            if self.ticket is not None:
-                self.ticket.release(self.plan.n)
+            hand_on()
 
     async def receive_ready(self) -> list[Arrival | Tick]:
         """Wait for at least one output, then take every output that is ready (up to :data:`MAX_BATCH`).
