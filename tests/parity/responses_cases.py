@@ -105,6 +105,7 @@ def _cases() -> list[Case]:
             "logprobs" + s,
             "logprobs",
             _r(input="Hi", max_output_tokens=4, stream=st, top_logprobs=2, include=["message.output_text.logprobs"]),
+            deviation="responses_stream_logprobs" if stream else None,
         )
         add("function call history" + s, "items", _r(input=HISTORY, tools=[WEATHER], stream=st))
         add(

@@ -266,3 +266,27 @@ def test_logprobs_of_held_back_tokens_go_with_the_content_they_become() -> None:
     raw += ev.closing(Usage(1, 2))
     deltas = [d for n, d in _parse(raw) if n == "response.output_text.delta"]
     assert [e["token"] for e in deltas[0]["logprobs"]] == ["<", "a"]
+
+
+def _lp(token: str, logprob: float) -> tuple[dict[str, Any], ...]:
+    return ({"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": []},)
+
+
+def test_logprobs_of_tokens_without_text_go_with_the_next_text_or_close_the_message() -> None:
+    ev = _events()
+    raw = ev.opening()
+    raw += ev.chunk(attrs.evolve(_chunk(text="a"), logprobs=_lp("a", -1.0)), None)
+    # part of a character: no text yet, its logprob waits for the text it becomes
+    raw += ev.chunk(attrs.evolve(_chunk(text=""), logprobs=_lp("\ufffd", -2.0)), None)
+    raw += ev.chunk(attrs.evolve(_chunk(text="é"), logprobs=_lp("\ufffd", -3.0)), None)
+    # a last token with no text at all (a special token skipped)
+    raw += ev.chunk(attrs.evolve(_chunk(text="", finish="stop"), logprobs=_lp("</s>", -4.0)), None)
+    raw += ev.closing(Usage(1, 4))
+    events = _parse(raw)
+    deltas = [d for n, d in events if n == "response.output_text.delta"]
+    assert [d["delta"] for d in deltas] == ["a", "é"]
+    assert [[e["logprob"] for e in d["logprobs"]] for d in deltas] == [[-1.0], [-2.0, -3.0]]
+    completed = next(d for n, d in events if n == "response.completed")
+    (part,) = completed["response"]["output"][0]["content"]
+    assert part["text"] == "aé"
+    assert [e["logprob"] for e in part["logprobs"]] == [-1.0, -2.0, -3.0, -4.0]  # every token's

@@ -374,11 +374,21 @@ class ResponsesEvents:
             held, self._held = self._held, []
             return self._parsed(c.parsed, [*held, *logprobs])
         if not c.text:
+            # A token whose text is still to come (part of a character) or is nothing (a special
+            # token skipped): its logprobs go with the next text, so that a stream lists every
+            # token's, as the whole response does. (vLLM drops them, unless its consumer lagged
+            # and the token's output was merged with the next: tests/parity/deviations.py.)
+            self._held.extend(logprobs)
             return b""
-        return self._content(c.text, logprobs)
+        held, self._held = self._held, []
+        return self._content(c.text, [*held, *logprobs])
 
     def closing(self, usage: Usage) -> bytes:
         """The open item's closing events, then ``response.completed``."""
+        if self._held and self._open is not None and self._open.kind == "message":
+            # The last tokens had no text of their own: their logprobs close the message.
+            self._open.logprobs.extend(dict(e) for e in self._held)
+            self._held = []
         out = self._close()
         status = "incomplete" if self._finish_reason == "length" else "completed"
         response = self._response(status, usage)
