@@ -198,25 +198,21 @@ async def _drain(run: CompletionRun) -> list:  # type: ignore[type-arg]
             return got
 
 
-async def test_a_batch_larger_than_the_slots_starts_progressively_in_prompt_order(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    engine = ScriptedEngine(token_delay=0.1)
-    prompts = ",".join(f'"p{i}"' for i in range(10)).encode()
-    plan = plan_for(engine, b'{"prompt": [' + prompts + b'], "n": 2, "max_tokens": 3, "ignore_eos": true}')
-    adm = Admission(slots=6)
-    peak = 0
-    first: dict[int, float] = {}  # prompt -> when its first output came
+async def _first_outputs(engine: ScriptedEngine, run: CompletionRun) -> tuple[dict[int, float], int]:
+    """Run ``run`` to its end: when each prompt's first output came, and the most engine
+    requests in flight at once (sampled every 10 ms)."""
+    first: dict[int, float] = {}
+    most = 0
 
     async def watch() -> None:
-        nonlocal peak
+        nonlocal most
         while True:
-            peak = max(peak, engine.in_flight)
+            most = max(most, engine.in_flight)
             await trio.sleep(0.01)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch)
-        async with CompletionRun(engine, plan, Metrics(), ticket=adm.admit()) as run:
+        async with run:
             while True:
                 try:
                     for idx, _ in arrivals(await run.receive_ready()):
@@ -224,6 +220,17 @@ async def test_a_batch_larger_than_the_slots_starts_progressively_in_prompt_orde
                 except trio.EndOfChannel:
                     break
         nursery.cancel_scope.cancel()
+    return first, most
+
+
+async def test_a_batch_larger_than_the_slots_starts_progressively_in_prompt_order(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    engine = ScriptedEngine(token_delay=0.1)
+    prompts = ",".join(f'"p{i}"' for i in range(10)).encode()
+    plan = plan_for(engine, b'{"prompt": [' + prompts + b'], "n": 2, "max_tokens": 3, "ignore_eos": true}')
+    adm = Admission(slots=6)
+    first, peak = await _first_outputs(engine, CompletionRun(engine, plan, Metrics(), ticket=adm.admit()))
     assert peak == 3  # n=2: three prompts' six slots
     # In prompt order, three at a time as slots free up.
     waves = sorted(set(first.values()))
@@ -247,26 +254,8 @@ async def test_a_prompt_near_its_end_hands_its_slots_to_the_next(
     engine = ScriptedEngine(token_delay=0.1)
     plan = plan_for(engine, b'{"prompt": ["a","b","c"], "max_tokens": 5, "ignore_eos": true, "stream": true}')
     adm = Admission(slots=1)
-    first: dict[int, float] = {}
-    most = 0
-
-    async def watch() -> None:
-        nonlocal most
-        while True:
-            most = max(most, engine.in_flight)
-            await trio.sleep(0.01)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(watch)
-        run = CompletionRun(engine, plan, Metrics(), Settings(handover_tokens=lead), ticket=adm.admit())
-        async with run:
-            while True:
-                try:
-                    for idx, _ in arrivals(await run.receive_ready()):
-                        first.setdefault(idx, trio.current_time())
-                except trio.EndOfChannel:
-                    break
-        nursery.cancel_scope.cancel()
+    run = CompletionRun(engine, plan, Metrics(), Settings(handover_tokens=lead), ticket=adm.admit())
+    first, most = await _first_outputs(engine, run)
     assert [first[i] for i in range(3)] == pytest.approx(starts)
     assert most == peak
     assert engine.finished_total == 3 and engine.aborted_total == 0
