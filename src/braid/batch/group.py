@@ -64,6 +64,11 @@ class Left:
     error: BraidError | None = None
 
 
+def _joins(first: Plan, plan: Plan) -> bool:
+    """Whether ``plan`` can share ``first``'s run: one ticket has one ``n``, priority and class."""
+    return (plan.n, plan.priority, plan.background) == (first.n, first.priority, first.background)
+
+
 def joint_plan(plans: Sequence[Plan]) -> tuple[Plan, list[tuple[int, int]]]:
     """One plan of several plans' prompts, in order, and where each of its prompts comes from:
     ``(plan, prompt index in that plan)`` by joint prompt index. The plans must share ``n``,
@@ -72,16 +77,12 @@ def joint_plan(plans: Sequence[Plan]) -> tuple[Plan, list[tuple[int, int]]]:
     items: list[PlanItem] = []
     where: list[tuple[int, int]] = []
     for k, plan in enumerate(plans):
-        if (plan.n, plan.priority, plan.background) != (first.n, first.priority, first.background):
+        if not _joins(first, plan):
             raise ValueError("plans of one run share n, priority and class")
         for item in plan.items:
             where.append((k, item.prompt_idx))
             items.append(attrs.evolve(item, prompt_idx=len(items)))
     return attrs.evolve(first, items=tuple(items)), where
-
-
-def _joins(first: Plan, plan: Plan) -> bool:
-    return (plan.n, plan.priority, plan.background) == (first.n, first.priority, first.background)
 
 
 async def run_group(state: AppState, prepare: Prepare, lines: Sequence[Runnable], answer: Answer) -> Left:
