@@ -403,17 +403,26 @@ class RecordingEngine:
         rec.prompt_ids[prompt] = list(request.prompt_token_ids)
         rec.add("engine_open", prompt=prompt, prompt_tokens=len(request.prompt_token_ids))
         try:
-            told = None
+            told, seen = None, observe
             if ending is not None:
-                # Recorded before the call, whose release the admission records next.
-                after, call, max_tokens = ending.after, ending.call, request.params.max_tokens
+                # The tokens the engine has made, counted as it makes them (observe comes first),
+                # so the record says how many are really left, not what the run asked for.
+                made = 0
+                call, max_tokens = ending.call, request.params.max_tokens
+
+                def seen(out: EngineOutput) -> None:
+                    nonlocal made
+                    made += sum(len(d.token_ids) for d in out.choices)
+                    if observe is not None:
+                        observe(out)
 
                 def near() -> None:
-                    rec.add("engine_ending", prompt=prompt, tokens_left=max_tokens - after)
+                    # Recorded before the call, whose release the admission records next.
+                    rec.add("engine_ending", prompt=prompt, tokens_left=max_tokens - made)
                     call()
 
-                told = Ending(after, near)
-            async with self.inner.open_request(request, failed, direct, observe=observe, ending=told) as outputs:
+                told = Ending(ending.after, near)
+            async with self.inner.open_request(request, failed, direct, observe=seen, ending=told) as outputs:
                 timed = self._timed(outputs, rec, prompt, pattern)
                 try:
                     yield timed

@@ -510,7 +510,10 @@ class VllmCoreEngine:
                 del endings[core_output.request_id]
                 due.append(watch[1])
         for call in due:
-            call()
+            try:
+                call()
+            except Exception:  # one owner's bug must not stop the pump for every request
+                log.exception("a request's owner failed when told its end was near")
 
     def _utility_result(self, output: Any) -> None:
         waiter = self._utility.get(output.call_id)
