@@ -36,7 +36,9 @@
 
 * With admission (:mod:`braid.stream.admit`), the supervisor asks the request's ticket for each
   prompt's slots in prompt order and starts the prompt's driver only once they are granted; the
-  driver hands them back when its engine request has ended. A prompt still waiting for its slots
+  driver hands them back when its engine request has ended, or a step or two before: when the
+  engine says at most ``handover_tokens`` of its ``max_tokens`` are left, so that the next
+  prompt's request waits in the engine's queue as the slot frees (``docs/admission.md``). A prompt still waiting for its slots
   when the run is cancelled never reaches the engine, and :meth:`CompletionRun.__aexit__` closes
   the ticket, so a run leaves nothing queued and holds no slot once it is over.
 * With a ``deadline`` (``--request-timeout``, on Trio's clock) the drivers and the slot wait are
