@@ -213,9 +213,8 @@ MUTANTS = [
         "stream/run.py",
         (
             (
-                "        try:\n            yield\n        finally:\n            if self.ticket is not None:\n"
-                "                self.ticket.release(self.plan.n)",
-                "        yield\n        if self.ticket is not None:\n            self.ticket.release(self.plan.n)",
+                "        try:\n            yield ending\n        finally:\n            hand_on()\n",
+                "        yield ending\n        hand_on()\n",
             ),
             ("            if self.ticket is not None:\n                self.ticket.close()", "            pass"),
         ),
