@@ -14,6 +14,7 @@ import pytest
 import trio
 
 from tests.helpers import LiveServer, VllmServer, start_server
+from tools.postgres import Postgres, run_postgres
 from tools.servers import ROUTE_FLAGS, TOOL_FLAGS, ServerProcess, run_braid
 
 LORA_ADAPTER = "tiny-lora"
@@ -72,3 +73,11 @@ def lora_server(lora_adapter: Path) -> Iterator[ServerProcess]:
 # of this session's, never in the user's data directory.
 _STORE_DIR = tempfile.mkdtemp(prefix="braid-test-store-")
 os.environ.setdefault("BRAID_STORAGE_DIR", _STORE_DIR)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Postgres]:
+    """A real PostgreSQL (Debian's package, installed when missing: tools/postgres.py), one
+    throwaway cluster for the session; each test makes its own database in it."""
+    with run_postgres() as pg:
+        yield pg

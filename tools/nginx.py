@@ -22,6 +22,7 @@ from pathlib import Path
 import attrs
 import httpx
 
+from tools.apt import apt_install
 from tools.servers import stop
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,13 +34,7 @@ def nginx_binary() -> str:
     found = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
     if found:
         return found
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        raise RuntimeError("nginx is not installed and this user cannot install it: apt-get install -y nginx")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "nginx"]):
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
-        if done.returncode != 0:
-            raise RuntimeError(f"{' '.join(argv)} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    apt_install("nginx")
     found = shutil.which("nginx") or "/usr/sbin/nginx"
     if not os.access(found, os.X_OK):
         raise RuntimeError("nginx was installed but is not on PATH")
