@@ -127,6 +127,14 @@ class DrainTimeout(EngineUnavailable):
     work was aborted. Nothing was wrong with the request: another replica can run it."""
 
 
+class StoreUnavailable(BraidError):
+    """The store's database failed a statement (PostgreSQL unreachable, a disk full): the files,
+    batches and stored responses routes answer 503 until it is back."""
+
+    status = 503
+    type = "ServiceUnavailableError"
+
+
 class TooManyRequests(BraidError):
     """Admission's queue is full (:mod:`braid.stream.admit`); decided before the body is tokenized."""
 

@@ -143,6 +143,7 @@ GIVEN: list[tuple[list[str], type[Any], str, Any]] = [
     (["--return-tokens-as-token-ids"], ServingOptions, "return_tokens_as_token_ids", True),
     (["--enable-request-id-headers"], ServingOptions, "request_id_headers", True),
     (["--storage-dir", "/srv/braid"], StoreOptions, "storage_dir", "/srv/braid"),
+    (["--store", "postgresql://braid@db/braid"], StoreOptions, "database", "postgresql://braid@db/braid"),
     (["--max-file-bytes", "1000"], StoreOptions, "max_file_bytes", 1000),
     (["--max-storage-bytes", "5000"], StoreOptions, "max_storage_bytes", 5000),
     (["--file-retention", "7200"], StoreOptions, "file_retention", 7200),

@@ -1,15 +1,20 @@
-"""braid's store on a real SQLite database in a temporary directory: schema, owners, pages,
-retention, and what a crash leaves behind."""
+"""braid's store on a real database: schema, owners, pages, retention, and what a crash leaves
+behind. The tests of what the store does run on both of its databases (SQLite in a temporary
+directory, and a real PostgreSQL: the ``options`` fixture); those of how each keeps its schema
+are their own."""
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
+import trio
 
+from braid.errors import StoreUnavailable
 from braid.store.db import MIGRATIONS, SCHEMA_VERSION, Store, StoreError, open_store
 from braid.store.options import StoreOptions
 from braid.store.records import (
@@ -21,6 +26,7 @@ from braid.store.records import (
     new_id,
     owner_of,
 )
+from tools.postgres import Postgres
 
 NOW = 1_800_000_000
 
@@ -33,8 +39,22 @@ def _file(
     return record
 
 
-def _options(tmp_path: Path, **kw: int) -> StoreOptions:
+def _options(tmp_path: Path, **kw: Any) -> StoreOptions:
     return StoreOptions(storage_dir=str(tmp_path / "store"), **kw)
+
+
+MakeOptions = Callable[..., StoreOptions]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def options(request: pytest.FixtureRequest, tmp_path: Path) -> MakeOptions:
+    """The store's options on one of its databases (the same database for every call of a test)."""
+    database = request.getfixturevalue("postgres").create_database() if request.param == "postgresql" else None
+
+    def make(**kw: int) -> StoreOptions:
+        return StoreOptions(storage_dir=str(tmp_path / "store"), database=database, **kw)
+
+    return make
 
 
 async def test_a_new_store_has_the_current_schema_and_wal(tmp_path: Path) -> None:
@@ -83,10 +103,10 @@ async def test_an_unusable_directory_is_one_clear_error(tmp_path: Path) -> None:
             pass
 
 
-async def test_records_survive_a_reopen_and_owners_are_apart(tmp_path: Path) -> None:
+async def test_records_survive_a_reopen_and_owners_are_apart(options: MakeOptions) -> None:
     a, b = owner_of("key-a"), owner_of("key-b")
     assert a != b and "key-a" not in a
-    async with open_store(_options(tmp_path), NOW) as store:
+    async with open_store(options(), NOW) as store:
         f = _file(store, a, data=b"hello")
         await store.add_file(f)
         job = BatchRecord(
@@ -96,7 +116,7 @@ async def test_records_survive_a_reopen_and_owners_are_apart(tmp_path: Path) -> 
         await store.add_batch(job)
         ended = attrs.evolve(job, id=new_id("batch_"), status="completed", usage=BatchUsage(96, 32, 8, 2))
         await store.add_batch(ended)
-    async with open_store(_options(tmp_path), NOW) as store:
+    async with open_store(options(), NOW) as store:
         assert await store.get_file(a, f.id, NOW) == f
         assert await store.get_file(b, f.id, NOW) is None
         assert store.path(f.id).read_bytes() == b"hello"
@@ -109,9 +129,9 @@ async def test_records_survive_a_reopen_and_owners_are_apart(tmp_path: Path) -> 
         assert not store.path(f.id).exists() and store.used_bytes == 0
 
 
-async def test_pages_follow_the_cursor_both_ways(tmp_path: Path) -> None:
+async def test_pages_follow_the_cursor_both_ways(options: MakeOptions) -> None:
     owner = owner_of("k")
-    async with open_store(_options(tmp_path), NOW) as store:
+    async with open_store(options(), NOW) as store:
         ids = []
         for i in range(5):
             f = _file(store, owner, created=NOW + i)
@@ -128,9 +148,9 @@ async def test_pages_follow_the_cursor_both_ways(tmp_path: Path) -> None:
         assert page == []
 
 
-async def test_sweep_deletes_expired_files_and_leaves_jobs_to_the_runner(tmp_path: Path) -> None:
+async def test_sweep_deletes_expired_files_and_leaves_jobs_to_the_runner(options: MakeOptions) -> None:
     owner = owner_of("k")
-    async with open_store(_options(tmp_path), NOW) as store:
+    async with open_store(options(), NOW) as store:
         old = _file(store, owner, expires=NOW + 10, data=b"old")
         kept = _file(store, owner, expires=None, data=b"kept")
         await store.add_file(old)
@@ -170,20 +190,20 @@ async def test_sweep_deletes_expired_files_and_leaves_jobs_to_the_runner(tmp_pat
         assert moved is not None and moved.status == "cancelling" and moved.counts == RequestCounts(0, 3, 4)
 
 
-async def test_open_removes_what_a_crash_left(tmp_path: Path) -> None:
-    async with open_store(_options(tmp_path), NOW) as store:
+async def test_open_removes_what_a_crash_left(options: MakeOptions) -> None:
+    async with open_store(options(), NOW) as store:
         store.temp_path("file-half").write_bytes(b"half an upload")
         store.path("file-orphan").write_bytes(b"bytes moved, row never written")
         f = _file(store, owner_of("k"))
         await store.add_file(f)
-    async with open_store(_options(tmp_path), NOW) as store:
+    async with open_store(options(), NOW) as store:
         assert not store.temp_path("file-half").exists()
         assert not store.path("file-orphan").exists()
         assert store.path(f.id).exists()
 
 
-async def test_the_total_cap_counts_stored_and_arriving_bytes(tmp_path: Path) -> None:
-    async with open_store(_options(tmp_path, max_storage_bytes=10), NOW) as store:
+async def test_the_total_cap_counts_stored_and_arriving_bytes(options: MakeOptions) -> None:
+    async with open_store(options(max_storage_bytes=10), NOW) as store:
         await store.add_file(_file(store, owner_of("k"), data=b"123456"))
         assert store.reserve(3)
         assert not store.reserve(2)
@@ -191,9 +211,9 @@ async def test_the_total_cap_counts_stored_and_arriving_bytes(tmp_path: Path) ->
         assert store.reserve(4)
 
 
-async def test_responses_are_kept_per_owner_until_they_expire(tmp_path: Path) -> None:
+async def test_responses_are_kept_per_owner_until_they_expire(options: MakeOptions) -> None:
     a, b = owner_of("key-a"), owner_of("key-b")
-    async with open_store(_options(tmp_path), NOW) as store:
+    async with open_store(options(), NOW) as store:
         await store.put_response(StoredResponse("resp_1", a, NOW, NOW + 10, b'{"x":1}', b"[]"), NOW)
         await store.put_response(StoredResponse("resp_1", b, NOW, NOW + 10, b'{"x":2}', b"[]"), NOW)
         assert (await store.get_response(a, "resp_1", NOW)).body == b'{"x":1}'  # type: ignore[union-attr]
@@ -209,16 +229,16 @@ async def test_responses_are_kept_per_owner_until_they_expire(tmp_path: Path) ->
         assert count == 1
 
 
-async def test_stored_responses_stay_under_their_space_cap(tmp_path: Path) -> None:
+async def test_stored_responses_stay_under_their_space_cap(options: MakeOptions) -> None:
     """Past ``max_response_bytes`` the oldest responses (any owner's) make room; one larger than
     the cap alone is not stored; the count survives deletes, sweeps and a reopen."""
     a, b = owner_of("key-a"), owner_of("key-b")
-    options = _options(tmp_path, max_response_bytes=300)
+    capped = options(max_response_bytes=300)
 
     def record(n: int, owner: str, size: int = 100, expires: int = NOW + 100) -> StoredResponse:
         return StoredResponse(f"resp_{n}", owner, NOW, expires, b"x" * (size - 2), b"[]")
 
-    async with open_store(options, NOW) as store:
+    async with open_store(capped, NOW) as store:
         for n in range(3):
             assert await store.put_response(record(n, a if n % 2 else b), NOW)
         assert store.response_bytes == 300
@@ -234,5 +254,73 @@ async def test_stored_responses_stay_under_their_space_cap(tmp_path: Path) -> No
         assert store.response_bytes == 300
         await store.sweep(NOW + 1)  # resp_5 expired
         assert store.response_bytes == 200
-    async with open_store(options, NOW) as store:
+    async with open_store(capped, NOW) as store:
         assert store.response_bytes == 200
+
+
+# --- PostgreSQL's own ---------------------------------------------------------------------------
+
+
+async def test_postgresql_keeps_its_schema_version_and_refuses_a_newer_one(tmp_path: Path, postgres: Postgres) -> None:
+    import psycopg
+
+    options = StoreOptions(storage_dir=str(tmp_path / "store"), database=postgres.create_database())
+    async with open_store(options, NOW):
+        pass
+    assert options.database is not None
+    with psycopg.connect(options.database, autocommit=True) as conn:
+        assert conn.execute("SELECT version FROM braid_schema").fetchall() == [(SCHEMA_VERSION,)]
+        conn.execute("UPDATE braid_schema SET version = version + 1")
+    with pytest.raises(StoreError, match="newer than this braid"):
+        async with open_store(options, NOW):
+            pass
+
+
+async def test_replicas_opening_one_postgresql_database_at_once_migrate_it_once(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    import psycopg
+
+    database = postgres.create_database()
+    opened: list[Store] = []
+
+    async def replica(n: int) -> None:
+        async with open_store(StoreOptions(storage_dir=str(tmp_path / f"r{n}"), database=database), NOW) as store:
+            opened.append(store)
+            await trio.sleep(0.1)  # all open together
+
+    async with trio.open_nursery() as nursery:
+        for n in range(4):
+            nursery.start_soon(replica, n)
+    assert len(opened) == 4
+    with psycopg.connect(database, autocommit=True) as conn:
+        assert conn.execute("SELECT version FROM braid_schema").fetchall() == [(SCHEMA_VERSION,)]
+
+
+async def test_an_unreachable_postgresql_is_one_clear_error(tmp_path: Path) -> None:
+    options = StoreOptions(storage_dir=str(tmp_path / "store"), database=f"postgresql://nobody@/x?host={tmp_path}")
+    with pytest.raises(StoreError, match="--store"):
+        async with open_store(options, NOW):
+            pass
+
+
+def test_store_must_be_sqlite_or_a_postgresql_url() -> None:
+    assert StoreOptions(database="sqlite").database is None
+    with pytest.raises(ValueError, match="postgresql://"):
+        StoreOptions(database="mysql://db/x")
+
+
+async def test_a_lost_postgresql_connection_is_a_503_then_opened_again(tmp_path: Path, postgres: Postgres) -> None:
+    import psycopg
+
+    options = StoreOptions(storage_dir=str(tmp_path / "store"), database=postgres.create_database())
+    owner = owner_of("k")
+    async with open_store(options, NOW) as store:
+        f = _file(store, owner)
+        await store.add_file(f)
+        pid = await store._call(lambda: store._conn.execute("SELECT pg_backend_pid()").fetchone()[0])
+        with psycopg.connect(postgres.url(), autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(StoreUnavailable, match="database"):
+            await store.get_file(owner, f.id, NOW)
+        assert await store.get_file(owner, f.id, NOW) == f  # the next statement connects again

@@ -389,8 +389,17 @@ def add_storage_options(parser: argparse.ArgumentParser) -> None:
         "--storage-dir",
         default=None,
         metavar="PATH",
-        help="braid's store: its SQLite database and the files' bytes (default: $XDG_DATA_HOME/braid, "
-        "else ~/.local/share/braid)",
+        help="braid's store: the files' bytes and running jobs' rows, and its SQLite database unless --store "
+        "names another (default: $XDG_DATA_HOME/braid, else ~/.local/share/braid)",
+    )
+    add_field_option(
+        d,
+        StoreOptions,
+        "database",
+        "--store",
+        metavar="URL",
+        help="the store's database: sqlite (in --storage-dir), or a postgresql:// URL (libpq's form); "
+        "the files' bytes stay in --storage-dir either way (docs/batch.md)",
     )
     add_field_option(
         d,

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 import weakref
 from collections.abc import Awaitable, Callable
 
 import attrs
 import trio
 
-from braid.errors import BraidError, EngineUnavailable, SchemaError
+from braid.errors import BraidError, EngineUnavailable, SchemaError, StoreUnavailable
 from braid.routes.body import CompletionStream
 from braid.routes.chat import constrain, request_parsers
 from braid.routes.common import (
@@ -383,7 +382,7 @@ def _keeper(state: AppState, req: ResponsesRequest, owner: str) -> Keep | None:
         try:
             if not await store.put_response(record, now):
                 log.warning("the response %s is larger than --max-response-bytes: not stored", response_id)
-        except (OSError, sqlite3.Error):
+        except (OSError, StoreUnavailable):
             log.exception("the response %s could not be stored", response_id)
 
     return keep

@@ -1,10 +1,11 @@
-"""braid's store: metadata in SQLite, file bytes in a directory, both under ``--storage-dir``.
+"""braid's store: metadata in SQLite (or PostgreSQL: ``--store``), file bytes in ``--storage-dir``.
 
 The one :class:`Store` of a server is opened by :func:`open_store` for the server's lifetime
 (``braid serve`` opens it beside the engine and closes it after the drain); it starts no task of
 its own. Layout of the storage directory::
 
-    store.db, store.db-wal, store.db-shm   SQLite in WAL mode: files, batches
+    store.db, store.db-wal, store.db-shm   SQLite in WAL mode: files, batches, responses
+                                           (not there with --store postgresql://...)
     files/<id>                             a file's bytes, named by its (random) id
     tmp/                                   uploads still arriving (emptied at open)
     jobs/<batch id>.{output,error}.jsonl   a running job's results, appended as they come
@@ -14,9 +15,11 @@ its own. Layout of the storage directory::
 loop and never on two threads at once. A call is not abandoned when the calling task is
 cancelled (Trio waits for the thread), so a statement is never cut in half.
 
-**Schema.** Versioned by SQLite's ``user_version``: :data:`MIGRATIONS` holds each version's
-statements, applied in order in one transaction each at open. A database newer than this braid
-is refused at open (:class:`StoreError`), never guessed at.
+**Schema.** Versioned (:mod:`braid.store.sql`: SQLite's ``user_version``, or a table on
+PostgreSQL): :data:`MIGRATIONS` holds each version's statements, written in SQLite's dialect and
+applied in order at open. A database newer than this braid is refused at open
+(:class:`StoreError`), never guessed at. A statement the database fails raises
+:class:`~braid.errors.StoreUnavailable` (503).
 
 **Consistency.** A file's bytes are written under ``tmp/``, moved into ``files/`` and only then
 its row inserted; deleting removes the row first, then the bytes. A crash between the two steps
@@ -30,7 +33,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -39,6 +41,7 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
+from braid.errors import StoreUnavailable
 from braid.store.options import StoreOptions
 from braid.store.records import (
     ACTIVE_STATUSES,
@@ -50,6 +53,7 @@ from braid.store.records import (
     RequestCounts,
     StoredResponse,
 )
+from braid.store.sql import Connection, StoreError, connect
 
 T = TypeVar("T")
 
@@ -117,10 +121,6 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-class StoreError(Exception):
-    """The store cannot be opened (a directory braid cannot write, a database of a newer braid)."""
-
-
 _RESPONSE_SIZE = "length(body) + length(messages)"
 """A stored response's bytes, as the cap counts them."""
 
@@ -184,37 +184,20 @@ def _batch(row: Sequence[Any]) -> BatchRecord:
     )
 
 
-def _migrate(conn: sqlite3.Connection) -> None:
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
+def _migrate(conn: Connection) -> None:
+    version = conn.schema_version()
     if version > SCHEMA_VERSION:
         raise StoreError(
             f"the store's database has schema version {version}, newer than this braid's {SCHEMA_VERSION}: "
-            "run a newer braid, or point --storage-dir elsewhere"
+            "run a newer braid, or point --storage-dir (--store) elsewhere"
         )
-    for number in range(version, SCHEMA_VERSION):
-        with conn:  # one transaction per version: a failed migration leaves the previous version
-            conn.execute("BEGIN IMMEDIATE")
-            for statement in MIGRATIONS[number]:
-                conn.execute(statement)
-            conn.execute(f"PRAGMA user_version = {number + 1}")
-
-
-def _connect(path: Path) -> sqlite3.Connection:
-    # isolation_level=None: no implicit transactions; each write below is one statement or an
-    # explicit BEGIN IMMEDIATE ... COMMIT. check_same_thread=False: Trio may hand the calls to
-    # different worker threads, one at a time (the store's limiter).
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10.0)
-    conn.execute("PRAGMA journal_mode = WAL")
-    # NORMAL under WAL: a committed transaction survives a crash of braid (not always a power
-    # cut); the bytes of the files themselves are what a job's output depends on.
-    conn.execute("PRAGMA synchronous = NORMAL")
-    return conn
+    conn.migrate(MIGRATIONS)
 
 
 class Store:
     """braid's store (see the module's contract). Made by :func:`open_store`."""
 
-    def __init__(self, conn: sqlite3.Connection, root: Path, options: StoreOptions) -> None:
+    def __init__(self, conn: Connection, root: Path, options: StoreOptions) -> None:
         self._conn = conn
         self.root = root
         self.options = options
@@ -543,13 +526,20 @@ async def open_store(options: StoreOptions, now: int) -> AsyncIterator[Store]:
         try:
             for d in (root, root / "files", root / "tmp", root / "jobs"):
                 d.mkdir(parents=True, exist_ok=True, mode=0o700)
-            conn = _connect(root / "store.db")
-        except (OSError, sqlite3.Error) as exc:
+        except OSError as exc:
             raise StoreError(f"cannot use the storage directory {root} (--storage-dir): {exc}") from None
+        try:
+            conn = connect(options.database, root)
+        except StoreUnavailable as exc:
+            where = "--store" if options.database else f"the storage directory {root} (--storage-dir)"
+            raise StoreError(f"cannot use {where}: {exc.message}") from None
         try:
             _migrate(conn)
             store = Store(conn, root, options)
             store._open_sweep()
+        except StoreUnavailable as exc:
+            conn.close()
+            raise StoreError(f"cannot open the store: {exc.message}") from None
         except BaseException:
             conn.close()
             raise

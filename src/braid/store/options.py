@@ -15,12 +15,25 @@ def default_storage_dir() -> str:
 
 
 DAY = 86_400
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+def _database(value: str | None) -> str | None:
+    if value is None or value in ("", "sqlite"):
+        return None
+    if not value.startswith(POSTGRES_SCHEMES):
+        raise ValueError(f"--store must be sqlite or a postgresql:// URL, not {value!r}")
+    return value
 
 
 @attrs.frozen
 class StoreOptions:
     storage_dir: str = attrs.field(factory=default_storage_dir, converter=lambda p: str(Path(p).expanduser()))
-    """Where the database (``store.db``) and the files' bytes (``files/``) live."""
+    """Where the files' bytes (``files/``), a running job's results (``jobs/``) and, unless
+    ``database`` says otherwise, the database (``store.db``) live."""
+    database: str | None = attrs.field(default=None, converter=_database)
+    """``--store``: None (or "sqlite") for SQLite in ``storage_dir``; a ``postgresql://`` URL
+    (libpq's, as psql takes it) for PostgreSQL (:mod:`braid.store.sql`)."""
     max_file_bytes: int = attrs.field(default=200 * 2**20, validator=attrs.validators.gt(0))
     """An upload larger than this is refused (413) while it arrives (OpenAI's batch input limit: 200 MB)."""
     max_storage_bytes: int = attrs.field(default=10 * 2**30, validator=attrs.validators.gt(0))
@@ -43,4 +56,4 @@ class StoreOptions:
     retention; one larger than this alone is not stored."""
 
 
-__all__ = ["DAY", "StoreOptions", "default_storage_dir"]
+__all__ = ["DAY", "POSTGRES_SCHEMES", "StoreOptions", "default_storage_dir"]
