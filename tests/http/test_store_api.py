@@ -16,6 +16,7 @@ import openai
 import pytest
 import schemathesis
 
+from tools.postgres import Postgres, run_postgres
 from tools.servers import ServerProcess, run_scripted_braid
 
 KEY_A, KEY_B = "key-a-0123456789", "key-b-9876543210"
@@ -51,10 +52,27 @@ def _rows(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
     return [json.loads(r) for r in client.files.content(file_id).text.splitlines()]
 
 
-def _serve(storage: Path, *flags: str, log: str) -> Any:
+def _serve(storage: Path, *flags: str, log: str, database: str | None = None) -> Any:
+    store = ("--store", database) if database else ()
     return run_scripted_braid(
-        "--storage-dir", str(storage), "--api-key", KEY_B, *flags, api_key=KEY_A, log=Path(f"/tmp/braid-{log}.log")
+        "--storage-dir",
+        str(storage),
+        *store,
+        "--api-key",
+        KEY_B,
+        *flags,
+        api_key=KEY_A,
+        log=Path(f"/tmp/braid-{log}.log"),
     )
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest) -> str | None:
+    """``--store`` for a test that runs on both of the store's databases (None: SQLite)."""
+    if request.param == "sqlite":
+        return None
+    postgres: Postgres = request.getfixturevalue("postgres")
+    return postgres.create_database()
 
 
 def _samples(server: ServerProcess) -> dict[str, float]:
@@ -459,9 +477,9 @@ def test_cancel_aborts_the_engine_work_and_keeps_what_was_done(tmp_path: Path) -
         assert client.batches.cancel(job.id).status == "cancelled"
 
 
-def test_kill_9_and_restart_keep_files_and_jobs(tmp_path: Path) -> None:
+def test_kill_9_and_restart_keep_files_and_jobs(tmp_path: Path, database: str | None) -> None:
     data = _jsonl(_line("a", {"prompt": "p"}), b"bad")
-    with _serve(tmp_path, log="store-restart") as server:
+    with _serve(tmp_path, log="store-restart", database=database) as server:
         client = _client(server)
         source = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
         job = _wait(
@@ -470,7 +488,7 @@ def test_kill_9_and_restart_keep_files_and_jobs(tmp_path: Path) -> None:
         )
         server.proc.kill()
         server.proc.wait()
-    with _serve(tmp_path, log="store-restart") as server:
+    with _serve(tmp_path, log="store-restart", database=database) as server:
         client = _client(server)
         assert client.files.retrieve(source.id) == source
         assert client.files.content(source.id).content == data
@@ -480,11 +498,11 @@ def test_kill_9_and_restart_keep_files_and_jobs(tmp_path: Path) -> None:
             _client(server, KEY_B).batches.retrieve(job.id)
 
 
-def test_a_job_killed_mid_way_resumes_with_every_line_once(tmp_path: Path) -> None:
+def test_a_job_killed_mid_way_resumes_with_every_line_once(tmp_path: Path, database: str | None) -> None:
     total = 300
     flags = ("--token-delay", "0.01", "--max-in-flight-requests", "8")
     lines = [_line(f"r{i}", {"prompt": f"p{i}", "max_tokens": 8, "seed": i}) for i in range(total)]
-    with _serve(tmp_path, *flags, log="store-resume") as server:
+    with _serve(tmp_path, *flags, log="store-resume", database=database) as server:
         client = _client(server)
         source = client.files.create(file=("in.jsonl", io.BytesIO(_jsonl(*lines))), purpose="batch")
         job = client.batches.create(input_file_id=source.id, endpoint="/v1/completions", completion_window="24h")
@@ -496,7 +514,7 @@ def test_a_job_killed_mid_way_resumes_with_every_line_once(tmp_path: Path) -> No
         server.proc.wait()
     written = (tmp_path / "jobs" / f"{job.id}.output.jsonl").read_bytes().count(b"\n")
     assert 40 <= written < total
-    with _serve(tmp_path, *flags, log="store-resume") as server:
+    with _serve(tmp_path, *flags, log="store-resume", database=database) as server:
         client = _client(server)
         job = _wait(client, job.id, within=60)
         assert job.status == "completed" and job.request_counts.completed == total and job.request_counts.failed == 0
@@ -504,6 +522,33 @@ def test_a_job_killed_mid_way_resumes_with_every_line_once(tmp_path: Path) -> No
         assert sorted(r["custom_id"] for r in rows) == sorted(f"r{i}" for i in range(total))
         assert all(r["response"]["status_code"] == 200 for r in rows)
         assert job.error_file_id is None
+
+
+def test_a_postgresql_outage_is_a_503_and_a_job_goes_on_after_it(tmp_path: Path) -> None:
+    """PostgreSQL stops under a running job: the store's routes answer 503 in vLLM's error shape
+    (not a 500, not a hang), the job is not failed, and once the database is back the job ends
+    with every line once."""
+    total = 120
+    flags = ("--token-delay", "0.01", "--max-in-flight-requests", "8")
+    lines = [_line(f"r{i}", {"prompt": f"p{i}", "max_tokens": 8, "seed": i}) for i in range(total)]
+    with (
+        run_postgres() as postgres,
+        _serve(tmp_path, *flags, log="store-outage", database=postgres.create_database()) as server,
+    ):
+        client = _client(server)
+        source = client.files.create(file=("in.jsonl", io.BytesIO(_jsonl(*lines))), purpose="batch")
+        job = client.batches.create(input_file_id=source.id, endpoint="/v1/completions", completion_window="24h")
+        _wait(client, job.id, until=("in_progress",))
+        postgres.stop()
+        answer = _raw(server, "GET", f"/v1/batches/{job.id}")
+        assert _error(answer, 503)["type"] == "ServiceUnavailableError"
+        assert _error(_raw(server, "GET", "/v1/files"), 503)["message"].startswith("the store's database")
+        time.sleep(1.0)  # the job's lines go on; its next write to the store fails
+        postgres.start()
+        job = _wait(client, job.id, within=60)
+        assert job.status == "completed" and job.request_counts.completed == total
+        rows = _rows(client, job.output_file_id)
+        assert sorted(r["custom_id"] for r in rows) == sorted(f"r{i}" for i in range(total))
 
 
 def test_the_store_routes_are_documented_and_counted_by_template(server: ServerProcess) -> None:

@@ -49,11 +49,11 @@ import trio
 
 from braid.batch.group import run_group
 from braid.batch.validate import LineChecker, Refused, Runnable, answer_row, error_row, numbered_lines
-from braid.errors import EngineUnavailable, TooManyRequests
+from braid.errors import EngineUnavailable, StoreUnavailable, TooManyRequests
 from braid.routes import chat, completions
 from braid.routes.common import AppState, JsonResponse, Prepare, View
 from braid.store.db import Store
-from braid.store.records import BatchError, BatchRecord, BatchUsage, FileRecord, RequestCounts
+from braid.store.records import ACTIVE_STATUSES, BatchError, BatchRecord, BatchUsage, FileRecord, RequestCounts
 
 log = logging.getLogger("braid.batch")
 
@@ -63,6 +63,8 @@ COUNTS_EVERY = 0.5
 """Seconds between two writes of a running job's counts to the store."""
 GATHER_ROWS = 0.02
 """Seconds the writer waits for more rows when it has few, so that rows go to disk in batches."""
+STORE_RETRY = 5.0
+"""Seconds before a job that stopped because the store's database failed is run again."""
 MIN_IN_FLIGHT, EXTRA_IN_FLIGHT = 8, 16
 
 
@@ -246,6 +248,13 @@ class _Job:
     failed: int = 0
 
 
+def _store_failed(exc: BaseException) -> bool:
+    """Whether the store's database failed ``exc`` (itself, or within the group of a nursery)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.subgroup(StoreUnavailable) is not None
+    return isinstance(exc, StoreUnavailable)
+
+
 class BatchRunner:
     """See the module's contract."""
 
@@ -352,12 +361,33 @@ class BatchRunner:
         except FileNotFoundError:
             # The input file was deleted while the job ran (or before a restart).
             await self._fail(job, "input_file_deleted", "The batch's input file was deleted before the batch ended.")
-        except Exception:
+        except Exception as exc:
+            if _store_failed(exc):
+                # The database is away (PostgreSQL restarting, a disk full). The rows written are
+                # in the job's work files, so the job is not failed: it runs again from them.
+                log.warning("batch %s: the store failed; the job runs again in %g s", record.id, STORE_RETRY)
+                self.spawn(self._run_later, record, name=f"batch {record.id} (again)")
+                return
             # A bug must not end the server with it: the job fails, and the log has why.
             log.exception("batch %s: the runner failed", record.id)
-            await self._fail(job, "internal_error", "The batch failed inside braid (see the server's log).")
+            try:
+                await self._fail(job, "internal_error", "The batch failed inside braid (see the server's log).")
+            except StoreUnavailable:
+                log.exception("batch %s: the failure could not be stored", record.id)
         finally:
             del self._jobs[record.id]
+
+    async def _run_later(self, record: BatchRecord) -> None:
+        """Run a job again after the store failed it, as it is stored then (a cancel may have
+        ended it meanwhile); later again while the store still fails."""
+        await trio.sleep(STORE_RETRY)
+        try:
+            current = await self.store.load_batch(record.id)
+        except StoreUnavailable:
+            self.spawn(self._run_later, record, name=f"batch {record.id} (again)")
+            return
+        if current is not None and current.status in ACTIVE_STATUSES:
+            self.submit(current)
 
     async def _feed(self, job: _Job, out_path: Path, err_path: Path, done: set[int]) -> None:
         record = job.record
