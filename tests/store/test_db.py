@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from braid.errors import StoreUnavailable
+from braid.store import db
 from braid.store.db import MIGRATIONS, SCHEMA_VERSION, Store, StoreError, open_store
 from braid.store.options import StoreOptions
 from braid.store.records import (
@@ -276,25 +277,41 @@ async def test_postgresql_keeps_its_schema_version_and_refuses_a_newer_one(tmp_p
             pass
 
 
-async def test_replicas_opening_one_postgresql_database_at_once_migrate_it_once(
-    tmp_path: Path, postgres: Postgres
+async def test_braids_opening_one_postgresql_database_at_once_migrate_it_once_and_one_keeps_it(
+    tmp_path: Path, postgres: Postgres, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The schema is migrated once however many open it together; then one braid holds the
+    database (until jobs are shared between replicas) and the others are told so, in one line."""
     import psycopg
 
+    monkeypatch.setattr(db, "HOLD_WAIT", 0.3)
     database = postgres.create_database()
-    opened: list[Store] = []
+    opened: list[int] = []
+    refused: list[str] = []
 
-    async def replica(n: int) -> None:
-        async with open_store(StoreOptions(storage_dir=str(tmp_path / f"r{n}"), database=database), NOW) as store:
-            opened.append(store)
-            await trio.sleep(0.1)  # all open together
+    async def braid(n: int) -> None:
+        try:
+            async with open_store(StoreOptions(storage_dir=str(tmp_path / f"r{n}"), database=database), NOW):
+                opened.append(n)
+                await trio.sleep(1.0)  # held past the others' wait
+        except StoreError as exc:
+            refused.append(str(exc))
 
     async with trio.open_nursery() as nursery:
         for n in range(4):
-            nursery.start_soon(replica, n)
-    assert len(opened) == 4
+            nursery.start_soon(braid, n)
+    assert len(opened) == 1 and len(refused) == 3
+    assert all("another braid uses this database" in message for message in refused), refused
     with psycopg.connect(database, autocommit=True) as conn:
         assert conn.execute("SELECT version FROM braid_schema").fetchall() == [(SCHEMA_VERSION,)]
+    # A braid that finds the database held waits for it (a restart while the old session lingers).
+    monkeypatch.setattr(db, "HOLD_WAIT", 5.0)
+    async with trio.open_nursery() as nursery:
+        async with open_store(StoreOptions(storage_dir=str(tmp_path / "first"), database=database), NOW):
+            nursery.start_soon(braid, 4)
+            await trio.sleep(0.5)
+            assert opened == opened[:1]  # still waiting
+    assert len(opened) == 2 and len(refused) == 3
 
 
 async def test_an_unreachable_postgresql_is_one_clear_error(tmp_path: Path) -> None:
@@ -310,7 +327,9 @@ def test_store_must_be_sqlite_or_a_postgresql_url() -> None:
         StoreOptions(database="mysql://db/x")
 
 
-async def test_a_lost_postgresql_connection_is_a_503_then_opened_again(tmp_path: Path, postgres: Postgres) -> None:
+async def test_a_lost_postgresql_connection_is_a_503_then_opened_again(
+    tmp_path: Path, postgres: Postgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import psycopg
 
     options = StoreOptions(storage_dir=str(tmp_path / "store"), database=postgres.create_database())
@@ -324,3 +343,8 @@ async def test_a_lost_postgresql_connection_is_a_503_then_opened_again(tmp_path:
         with pytest.raises(StoreUnavailable, match="database"):
             await store.get_file(owner, f.id, NOW)
         assert await store.get_file(owner, f.id, NOW) == f  # the next statement connects again
+        # and holds the database again: another braid is still refused
+        monkeypatch.setattr(db, "HOLD_WAIT", 0.0)
+        with pytest.raises(StoreError, match="another braid"):
+            async with open_store(StoreOptions(storage_dir=str(tmp_path / "b"), database=options.database), NOW):
+                pass

@@ -32,6 +32,7 @@ their files expire as every file does.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -53,9 +54,11 @@ from braid.store.records import (
     RequestCounts,
     StoredResponse,
 )
-from braid.store.sql import Connection, StoreError, connect
+from braid.store.sql import Connection, DatabaseHeld, PostgresConnection, StoreError, connect
 
 T = TypeVar("T")
+
+log = logging.getLogger("braid.store")
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 1: files and batches. ``seq`` orders lists (newest first) and is the ``after`` cursor's
@@ -522,7 +525,7 @@ async def open_store(options: StoreOptions, now: int) -> AsyncIterator[Store]:
     database it cannot read."""
     root = Path(options.storage_dir)
 
-    def prepare() -> Store:
+    def prepare() -> Connection:
         try:
             for d in (root, root / "files", root / "tmp", root / "jobs"):
                 d.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -535,23 +538,53 @@ async def open_store(options: StoreOptions, now: int) -> AsyncIterator[Store]:
             raise StoreError(f"cannot use {where}: {exc.message}") from None
         try:
             _migrate(conn)
-            store = Store(conn, root, options)
-            store._open_sweep()
-        except StoreUnavailable as exc:
+        except BaseException as exc:
             conn.close()
-            raise StoreError(f"cannot open the store: {exc.message}") from None
-        except BaseException:
-            conn.close()
+            if isinstance(exc, StoreUnavailable):
+                raise StoreError(f"cannot open the store: {exc.message}") from None
             raise
-        return store
+        return conn
 
-    store = await trio.to_thread.run_sync(prepare)
+    conn = await trio.to_thread.run_sync(prepare)
+    try:
+        if isinstance(conn, PostgresConnection):
+            await _hold(conn)
+        store = Store(conn, root, options)
+        await trio.to_thread.run_sync(store._open_sweep)
+    except BaseException as exc:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(conn.close)
+        if isinstance(exc, StoreUnavailable):
+            raise StoreError(f"cannot open the store: {exc.message}") from None
+        raise
     try:
         await store.sweep(now)
         yield store
     finally:
         with trio.CancelScope(shield=True):
             await store._call(store.close)
+
+
+HOLD_WAIT = 30.0
+"""Seconds :func:`open_store` waits for a PostgreSQL database another braid holds: long enough
+for PostgreSQL to end the session of a braid whose machine died (its keepalives: about 25 s)."""
+
+
+async def _hold(conn: PostgresConnection) -> None:
+    deadline = trio.current_time() + HOLD_WAIT
+    told = False
+    while True:
+        try:
+            await trio.to_thread.run_sync(conn.hold)
+            return
+        except DatabaseHeld:
+            left = deadline - trio.current_time()
+            if left <= 0:
+                raise
+            if not told:
+                log.warning("another braid holds the store's database (--store); waiting up to %g s", HOLD_WAIT)
+                told = True
+            await trio.sleep(min(1.0, left))
 
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Store", "StoreError", "open_store"]

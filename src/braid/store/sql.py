@@ -37,6 +37,10 @@ class StoreError(Exception):
     a database of a newer braid)."""
 
 
+class DatabaseHeld(StoreUnavailable):
+    """Another braid holds the PostgreSQL database (:meth:`PostgresConnection.hold`)."""
+
+
 class Cursor(Protocol):
     @property
     def rowcount(self) -> int: ...
@@ -118,6 +122,7 @@ def postgres_ddl(statement: str) -> str:
 
 
 _MIGRATION_LOCK = 0x627261696400  # pg_advisory_xact_lock's key for braid's migrations ("braid\0")
+_HOLDER_LOCK = 0x627261696401  # pg_try_advisory_lock's key of the braid that uses the database
 
 
 class PostgresConnection:
@@ -130,13 +135,44 @@ class PostgresConnection:
         self._url = url
         self._sql: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._holding = False
         self._conn = self._connect()
 
     def _connect(self) -> Any:
         try:
-            return self._psycopg.connect(self._url, autocommit=True, connect_timeout=10)
+            conn = self._psycopg.connect(self._url, autocommit=True, connect_timeout=10)
+            # The server's side of this session's TCP keepalives (ignored on a Unix socket): when
+            # braid's machine dies, PostgreSQL ends the session, and with it the hold below,
+            # within about 25 s instead of the system's two hours, so a braid restarted
+            # elsewhere can take the database.
+            for name, value in (("idle", 10), ("interval", 5), ("count", 3)):
+                conn.execute(f"SET tcp_keepalives_{name} = {value}")
         except self._psycopg.Error as exc:
             raise StoreUnavailable(f"the store's database cannot be reached: {exc}") from exc
+        if self._holding:
+            try:
+                self._hold(conn)  # again, on a new connection: the old one's lock went with it
+            except StoreUnavailable:
+                conn.close()
+                raise
+        return conn
+
+    def hold(self) -> None:
+        """Take the database for this braid alone, for as long as the connection lives (and again
+        on each new one); :class:`StoreUnavailable` when another braid holds it. Until the batch
+        runner shares jobs between replicas, two braids on one database would each see the
+        other's files without their bytes and run each other's jobs."""
+        with self._lock:
+            self._hold(self._conn)
+            self._holding = True
+
+    def _hold(self, conn: Any) -> None:
+        try:
+            taken = conn.execute("SELECT pg_try_advisory_lock(%s)", (_HOLDER_LOCK,)).fetchone()[0]
+        except self._psycopg.Error as exc:
+            raise StoreUnavailable(f"the store's database failed: {exc}") from exc
+        if not taken:
+            raise DatabaseHeld("another braid uses this database; replicas cannot share one yet (docs/batch.md)")
 
     def _translate(self, sql: str) -> str:
         found = self._sql.get(sql)
@@ -196,6 +232,7 @@ def connect(url: str | None, root: Path) -> Connection:
 
 __all__ = [
     "Connection",
+    "DatabaseHeld",
     "Cursor",
     "PostgresConnection",
     "SqliteConnection",
