@@ -129,10 +129,14 @@ class DrainTimeout(EngineUnavailable):
 
 class StoreUnavailable(BraidError):
     """The store's database failed a statement (PostgreSQL unreachable, a disk full): the files,
-    batches and stored responses routes answer 503 until it is back."""
+    batches and stored responses routes answer 503 until it is back, with ``Retry-After`` 5 s
+    unless said otherwise (the next statement opens a new connection)."""
 
     status = 503
     type = "ServiceUnavailableError"
+
+    def __init__(self, message: str, *, retry_after: int | None = 5) -> None:
+        super().__init__(message, retry_after=retry_after)
 
 
 class TooManyRequests(BraidError):

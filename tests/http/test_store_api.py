@@ -541,7 +541,7 @@ def test_a_postgresql_outage_is_a_503_and_a_job_goes_on_after_it(tmp_path: Path)
         _wait(client, job.id, until=("in_progress",))
         postgres.stop()
         answer = _raw(server, "GET", f"/v1/batches/{job.id}")
-        assert _error(answer, 503)["type"] == "ServiceUnavailableError"
+        assert _error(answer, 503)["type"] == "ServiceUnavailableError" and answer.headers["Retry-After"] == "5"
         assert _error(_raw(server, "GET", "/v1/files"), 503)["message"].startswith("the store's database")
         time.sleep(1.0)  # the job's lines go on; its next write to the store fails
         postgres.start()

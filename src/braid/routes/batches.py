@@ -26,7 +26,7 @@ import trio
 
 from braid.batch.validate import body_check, validate_file
 from braid.engine.base import Engine
-from braid.errors import BodyTimeout, BodyTooLarge, Conflict, InvalidRequest, NotFound, SchemaError
+from braid.errors import BodyTimeout, BodyTooLarge, Conflict, InvalidRequest, NotFound, SchemaError, StoreUnavailable
 from braid.routes.common import JsonResponse
 from braid.routes.files import json_ok, page_limit, path_id, query
 from braid.settings import Settings
@@ -167,7 +167,7 @@ OPERATIONS = (
         "Run a file of requests in the background class; its lines are validated first",
         (
             json_ok("The job: in_progress, or failed when no line can run (see its error file).", wire.BatchObject),
-            *error_outcomes(InvalidRequest, SchemaError, NotFound, BodyTooLarge, BodyTimeout),
+            *error_outcomes(StoreUnavailable, InvalidRequest, SchemaError, NotFound, BodyTooLarge, BodyTimeout),
         ),
         request=json_body(
             ref(wire.BatchCreateBody),
@@ -179,7 +179,7 @@ OPERATIONS = (
         "get",
         "/v1/batches",
         "The caller's jobs, newest first",
-        (json_ok("A page of jobs.", wire.BatchList), *error_outcomes(InvalidRequest)),
+        (json_ok("A page of jobs.", wire.BatchList), *error_outcomes(StoreUnavailable, InvalidRequest)),
         parameters=(
             query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}, "Jobs per page (default 20)."),
             query("after", {"type": "string"}, "The last job id of the previous page."),
@@ -190,7 +190,7 @@ OPERATIONS = (
         "get",
         "/v1/batches/{batch_id}",
         "One of the caller's jobs",
-        (json_ok("The job.", wire.BatchObject), *error_outcomes(NotFound)),
+        (json_ok("The job.", wire.BatchObject), *error_outcomes(StoreUnavailable, NotFound)),
         parameters=(_BATCH_ID,),
         structs=(wire.BatchObject,),
     ),
@@ -200,7 +200,7 @@ OPERATIONS = (
         "Cancel a job: its engine work is aborted and it ends cancelled with what was done",
         (
             json_ok("The job, cancelling or cancelled.", wire.BatchObject),
-            *error_outcomes(NotFound, Conflict),
+            *error_outcomes(StoreUnavailable, NotFound, Conflict),
         ),
         parameters=(_BATCH_ID,),
         structs=(wire.BatchObject,),

@@ -21,7 +21,7 @@ import attrs
 import msgspec
 import trio
 
-from braid.errors import BodyTimeout, BodyTooLarge, InvalidRequest, NotFound, StorageFull
+from braid.errors import BodyTimeout, BodyTooLarge, InvalidRequest, NotFound, StorageFull, StoreUnavailable
 from braid.routes.common import JsonResponse
 from braid.store.db import Store
 from braid.store.records import FileRecord, new_id
@@ -260,7 +260,7 @@ def json_ok(description: str, struct: type[msgspec.Struct]) -> Outcome:
 
 
 _FILE_ID = path_id("file_id", "file-0")
-_MISSING = error_outcomes(NotFound)
+_MISSING = error_outcomes(StoreUnavailable, NotFound)
 _UPLOAD_FORM: JsonSchema = {
     "type": "object",
     "required": ["purpose", "file"],
@@ -279,7 +279,7 @@ OPERATIONS = (
         "Upload a file (multipart form, purpose batch), kept until it expires (--file-retention)",
         (
             json_ok("The file object.", wire.FileObject),
-            *error_outcomes(InvalidRequest, BodyTooLarge, BodyTimeout),
+            *error_outcomes(StoreUnavailable, InvalidRequest, BodyTooLarge, BodyTimeout),
         ),
         request={"required": True, "content": {"multipart/form-data": {"schema": _UPLOAD_FORM}}},
         structs=(wire.FileObject,),
@@ -288,7 +288,7 @@ OPERATIONS = (
         "get",
         "/v1/files",
         "The caller's files",
-        (json_ok("A page of file objects.", wire.FileList), *error_outcomes(InvalidRequest)),
+        (json_ok("A page of file objects.", wire.FileList), *error_outcomes(StoreUnavailable, InvalidRequest)),
         parameters=(
             query("order", {"enum": ["asc", "desc"]}, "desc (newest first, the default) or asc."),
             query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_FILE_LIST}, "Files per page."),

@@ -529,7 +529,7 @@ STORED_OPERATIONS = (
                 "The response object; with `stream=true`, its events from `starting_after` on.",
                 {"application/json": {"schema": _RESPONSE_SCHEMA}, "text/event-stream": {}},
             ),
-            *error_outcomes(ResponsesInvalid, SchemaError, ResponseNotFound),
+            *error_outcomes(StoreUnavailable, ResponsesInvalid, SchemaError, ResponseNotFound),
         ),
         parameters=(
             _RESPONSE_ID,
@@ -543,7 +543,7 @@ STORED_OPERATIONS = (
         "Delete a stored response (OpenAI's route; vLLM has none); a running background one is cancelled",
         (
             Outcome(200, "`{id, object, deleted}`.", {"application/json": {"schema": {"type": "object"}}}),
-            *error_outcomes(ResponseNotFound),
+            *error_outcomes(StoreUnavailable, ResponseNotFound),
         ),
         parameters=(_RESPONSE_ID,),
     ),
@@ -553,7 +553,7 @@ STORED_OPERATIONS = (
         "Cancel a background response still running",
         (
             Outcome(200, "The response, cancelled.", {"application/json": {"schema": _RESPONSE_SCHEMA}}),
-            *error_outcomes(ResponsesInvalid, ResponseNotFound),
+            *error_outcomes(StoreUnavailable, ResponsesInvalid, ResponseNotFound),
         ),
         parameters=(_RESPONSE_ID,),
     ),
