@@ -18,12 +18,15 @@ from tools.servers import ServerProcess, run_scripted_braid
 KEY_A, KEY_B = "key-a-0123456789", "key-b-9876543210"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A braid whose store is on SQLite, or on a real PostgreSQL (``--store``)."""
     storage = tmp_path_factory.mktemp("store")
+    database = () if request.param == "sqlite" else ("--store", request.getfixturevalue("postgres").create_database())
     with run_scripted_braid(
         "--storage-dir",
         str(storage),
+        *database,
         "--api-key",
         KEY_B,
         "--response-retention",
