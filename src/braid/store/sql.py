@@ -141,20 +141,22 @@ class PostgresConnection:
     def _connect(self) -> Any:
         try:
             conn = self._psycopg.connect(self._url, autocommit=True, connect_timeout=10)
+        except self._psycopg.Error as exc:
+            raise StoreUnavailable(f"the store's database cannot be reached: {exc}") from exc
+        try:
             # The server's side of this session's TCP keepalives (ignored on a Unix socket): when
             # braid's machine dies, PostgreSQL ends the session, and with it the hold below,
             # within about 25 s instead of the system's two hours, so a braid restarted
             # elsewhere can take the database.
             for name, value in (("idle", 10), ("interval", 5), ("count", 3)):
                 conn.execute(f"SET tcp_keepalives_{name} = {value}")
-        except self._psycopg.Error as exc:
-            raise StoreUnavailable(f"the store's database cannot be reached: {exc}") from exc
-        if self._holding:
-            try:
+            if self._holding:
                 self._hold(conn)  # again, on a new connection: the old one's lock went with it
-            except StoreUnavailable:
-                conn.close()
-                raise
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, self._psycopg.Error):
+                raise StoreUnavailable(f"the store's database failed: {exc}") from exc
+            raise
         return conn
 
     def hold(self) -> None:
