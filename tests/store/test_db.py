@@ -343,6 +343,15 @@ async def test_a_lost_postgresql_connection_is_a_503_then_opened_again(
         with pytest.raises(StoreUnavailable, match="database"):
             await store.get_file(owner, f.id, NOW)
         assert await store.get_file(owner, f.id, NOW) == f  # the next statement connects again
+        # a file whose row cannot be written leaves no bytes behind
+        pid = await store._call(lambda: store._conn.execute("SELECT pg_backend_pid()").fetchone()[0])
+        with psycopg.connect(postgres.url(), autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        lost = _file(store, owner)
+        with pytest.raises(StoreUnavailable):
+            await store.add_file(lost)
+        assert not store.path(lost.id).exists() and store.used_bytes == f.bytes
+        assert await store.get_file(owner, f.id, NOW) == f  # connected again
         # and holds the database again: another braid is still refused
         monkeypatch.setattr(db, "HOLD_WAIT", 0.0)
         with pytest.raises(StoreError, match="another braid"):

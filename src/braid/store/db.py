@@ -256,9 +256,15 @@ class Store:
 
         def add() -> None:
             os.replace(source, self.path(record.id))
-            self._conn.execute(
-                f"INSERT INTO files ({_FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)", attrs.astuple(record)
-            )
+            try:
+                self._conn.execute(
+                    f"INSERT INTO files ({_FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)", attrs.astuple(record)
+                )
+            except StoreUnavailable:
+                # No row: the bytes must not stay (the open's sweep would find them only at the
+                # next start, and they count against no cap meanwhile).
+                self.path(record.id).unlink(missing_ok=True)
+                raise
             self._used += record.bytes
 
         await self._call(add)
