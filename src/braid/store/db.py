@@ -54,7 +54,7 @@ from braid.store.records import (
     RequestCounts,
     StoredResponse,
 )
-from braid.store.sql import Connection, DatabaseHeld, PostgresConnection, StoreError, connect
+from braid.store.sql import Connection, DatabaseHeld, StoreError, connect
 
 T = TypeVar("T")
 
@@ -553,8 +553,7 @@ async def open_store(options: StoreOptions, now: int) -> AsyncIterator[Store]:
 
     conn = await trio.to_thread.run_sync(prepare)
     try:
-        if isinstance(conn, PostgresConnection):
-            await _hold(conn)
+        await _hold(conn)
         store = Store(conn, root, options)
         await trio.to_thread.run_sync(store._open_sweep)
     except BaseException as exc:
@@ -576,7 +575,7 @@ HOLD_WAIT = 30.0
 for PostgreSQL to end the session of a braid whose machine died (its keepalives: about 25 s)."""
 
 
-async def _hold(conn: PostgresConnection) -> None:
+async def _hold(conn: Connection) -> None:
     deadline = trio.current_time() + HOLD_WAIT
     told = False
     while True:

@@ -66,6 +66,9 @@ class Connection(Protocol):
         """Run the migrations after the database's version, in transactions (a failed one leaves
         the version before it)."""
 
+    def hold(self) -> None:
+        """Take the database for this braid alone; :class:`DatabaseHeld` when another braid has it."""
+
     def close(self) -> None: ...
 
 
@@ -107,6 +110,9 @@ class SqliteConnection:
                 for statement in migrations[number]:
                     self._conn.execute(statement)
                 self._conn.execute(f"PRAGMA user_version = {number + 1}")
+
+    def hold(self) -> None:
+        pass  # the database is a file in this braid's own --storage-dir
 
     def close(self) -> None:
         self._conn.close()
