@@ -22,7 +22,8 @@ def _database(value: str | None) -> str | None:
     if value is None or value in ("", "sqlite"):
         return None
     if not value.startswith(POSTGRES_SCHEMES):
-        raise ValueError(f"--store must be sqlite or a postgresql:// URL, not {value!r}")
+        # The scheme only: the rest of a URL may hold a password.
+        raise ValueError(f"--store must be sqlite or a postgresql:// URL, not {value.partition(':')[0]!r}")
     return value
 
 
