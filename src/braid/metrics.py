@@ -199,6 +199,8 @@ class Metrics:
     """``braid_batch_lines_total{outcome}``: lines of batch jobs that ended (braid.batch.runner)."""
     batch_jobs: Counter = attrs.field(init=False)
     """``braid_batch_jobs_ended_total{status}``: batch jobs that reached a final status here."""
+    store_errors: Counter = attrs.field(init=False)
+    """``braid_store_errors_total``: store calls the database failed (:class:`braid.errors.StoreUnavailable`)."""
     _abort_children: dict[str, Counter] = attrs.field(init=False)
     _batch_lines: dict[bool, Counter] = attrs.field(init=False)
     _forwarded: ForwardedFamilies | None = attrs.field(init=False, default=None)
@@ -246,6 +248,12 @@ class Metrics:
         )
         for status in ("completed", "failed", "expired", "cancelled"):
             self.batch_jobs.labels(status=status)
+        self.store_errors = Counter(
+            "braid_store_errors",
+            "Calls of braid's store that its database failed (PostgreSQL away, a disk full): each is a 503 "
+            "on the store's routes, or a batch job stopped to run again later",
+            registry=r,
+        )
         self.queue_wait = Histogram(
             "braid_admission_queue_wait_seconds",
             "From a request's admission to its first engine slot",

@@ -549,6 +549,7 @@ def test_a_postgresql_outage_is_a_503_and_a_job_goes_on_after_it(tmp_path: Path)
         assert job.status == "completed" and job.request_counts.completed == total
         rows = _rows(client, job.output_file_id)
         assert sorted(r["custom_id"] for r in rows) == sorted(f"r{i}" for i in range(total))
+        assert _samples(server)["braid_store_errors_total"] >= 3  # the two 503s and the job's write
 
 
 def test_the_store_routes_are_documented_and_counted_by_template(server: ServerProcess) -> None:

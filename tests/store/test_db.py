@@ -341,9 +341,12 @@ async def test_a_lost_postgresql_connection_is_a_503_then_opened_again(
         pid = await store._call(lambda: store._conn.execute("SELECT pg_backend_pid()").fetchone()[0])
         with psycopg.connect(postgres.url(), autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        errors: list[None] = []
+        store.on_error = lambda: errors.append(None)
         with pytest.raises(StoreUnavailable, match="database"):
             await store.get_file(owner, f.id, NOW)
         assert await store.get_file(owner, f.id, NOW) == f  # the next statement connects again
+        assert len(errors) == 1
         # a file whose row cannot be written leaves no bytes behind
         pid = await store._call(lambda: store._conn.execute("SELECT pg_backend_pid()").fetchone()[0])
         with psycopg.connect(postgres.url(), autocommit=True) as admin:

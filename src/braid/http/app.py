@@ -254,6 +254,7 @@ def create_app(
     for route in POST_ROUTES:
         _serve(app, state, route)
     if store is not None:
+        store.on_error = state.metrics.store_errors.inc
         runner = BatchRunner(state, store)
         state.spawn = runner.spawn
         state.metrics.track_batches(lambda: runner.active)

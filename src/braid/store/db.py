@@ -216,9 +216,15 @@ class Store:
         """Bytes of every stored response (kept with the rows, on the store's thread)."""
         self._swept_at = -1
         """The ``now`` of the last sweep: a sweep at the same second has nothing more to delete."""
+        self.on_error: Callable[[], object] = lambda: None
+        """Called once per call the database failed (the app counts them: ``braid_store_errors_total``)."""
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+        try:
+            return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+        except StoreUnavailable:
+            self.on_error()
+            raise
 
     # --- bytes ------------------------------------------------------------------------------
 
