@@ -148,16 +148,28 @@ def test_requests_spread_over_both_replicas(router: Router, replicas: tuple[Serv
         assert min(spread) >= 1, f"{router.policy} sent every request to one replica: {spread}"
 
 
+def _wait_load(replica: ServerProcess, load: int, within: float = 30.0) -> None:
+    deadline = time.monotonic() + within
+    while (seen := httpx.get(replica.url + "/get_load", timeout=5).json()) != {"load": load}:
+        assert time.monotonic() < deadline, f"{replica.url} still reports {seen} after {within} s"
+        time.sleep(0.1)
+
+
 @pytest.mark.parametrize("router", ["power_of_two"], indirect=True)
 def test_power_of_two_avoids_the_replica_that_reports_load(router: Router, replicas: tuple[ServerProcess, ...]) -> None:
     """A stream held open on replica 0 directly (the router cannot count it itself): once the router
     has polled ``/get_load``, it sends every request to replica 1."""
     body = {"prompt": "busy", "max_tokens": 600, "ignore_eos": True, "stream": True}
+    # Idle first: a request of an earlier test still ending on replica 1 would tie the loads (seen
+    # in CI: 1 against 1, and the router picked replica 0 once).
+    for replica in replicas:
+        _wait_load(replica, 0)
     with httpx.Client(timeout=60) as client, client.stream("POST", replicas[0].url + COMPLETIONS, json=body) as held:
         chunks = held.iter_raw()
         next(chunks)
         assert httpx.get(replicas[0].url + "/get_load", timeout=5).json() == {"load": 1}
         time.sleep(2.5)  # two of the router's polls (every second)
+        assert httpx.get(replicas[1].url + "/get_load", timeout=5).json() == {"load": 0}
         before = _counts(replicas)
         for i in range(6):
             _complete(router.url, f"while busy {i}")
