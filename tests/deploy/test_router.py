@@ -25,6 +25,7 @@ Counts come from each replica's ``braid_http_responses_total{route=...}`` and
 from __future__ import annotations
 
 import json
+import re
 import signal
 import threading
 import time
@@ -44,6 +45,8 @@ pytestmark = pytest.mark.vllm
 POLICIES = ("round_robin", "power_of_two", "cache_aware", "kv_aware")
 COMPLETIONS = "/v1/completions"
 BLOCK_SIZE = 128  # vLLM's KV-cache block on its CPU build, in tokens
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+SELECTION = re.compile(r"Power-of-two selection: (?P<a>\S+)=(?P<la>-?\d+) vs (?P<b>\S+)=(?P<lb>-?\d+) ->")
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel")
 
 
@@ -155,25 +158,49 @@ def _wait_load(replica: ServerProcess, load: int, within: float = 30.0) -> None:
         time.sleep(0.1)
 
 
+def _selections(router: Router) -> list[dict[str, int]]:
+    """The loads ``power_of_two`` compared for each request so far, read from its log lines
+    ``Power-of-two selection: URL=LOAD vs URL=LOAD -> selected URL``."""
+    found = []
+    for line in ANSI.sub("", router.log_text()).splitlines():
+        if m := SELECTION.search(line):
+            found.append({m["a"]: int(m["la"]), m["b"]: int(m["lb"])})
+    return found
+
+
 @pytest.mark.parametrize("router", ["power_of_two"], indirect=True)
 def test_power_of_two_avoids_the_replica_that_reports_load(router: Router, replicas: tuple[ServerProcess, ...]) -> None:
-    """A stream held open on replica 0 directly (the router cannot count it itself): once the router
-    has polled ``/get_load``, it sends every request to replica 1."""
-    body = {"prompt": "busy", "max_tokens": 600, "ignore_eos": True, "stream": True}
-    # Idle first: a request of an earlier test still ending on replica 1 would tie the loads (seen
-    # in CI: 1 against 1, and the router picked replica 0 once).
+    """Three streams held open on replica 0 directly (the router cannot count them itself): once
+    the router has polled ``/get_load``, it sends every request to replica 1.
+
+    The router polls on its own clock (the 0.1.17 log names a 5 s interval), so the test first
+    sends probes until the router's log shows it compared replica 0 at its load, then counts.
+    Three, not one: a poll can find replica 1 busy with the request the test just sent, and at 1
+    against 1 the router picks at random (seen in CI)."""
+    held = 3
+    body = {"prompt": "busy", "max_tokens": 1000, "ignore_eos": True, "stream": True}
     for replica in replicas:
-        _wait_load(replica, 0)
-    with httpx.Client(timeout=60) as client, client.stream("POST", replicas[0].url + COMPLETIONS, json=body) as held:
-        chunks = held.iter_raw()
-        next(chunks)
-        assert httpx.get(replicas[0].url + "/get_load", timeout=5).json() == {"load": 1}
-        time.sleep(2.5)  # two of the router's polls (every second)
-        assert httpx.get(replicas[1].url + "/get_load", timeout=5).json() == {"load": 0}
-        before = _counts(replicas)
+        _wait_load(replica, 0)  # a request of an earlier test still ending would skew the loads
+    busy = replicas[0].url
+    with ExitStack() as stack:
+        client = stack.enter_context(httpx.Client(timeout=60))
+        # the generators are kept: one collected closes its response
+        streams = [
+            stack.enter_context(client.stream("POST", busy + COMPLETIONS, json=body)).iter_raw() for _ in range(held)
+        ]
+        for chunks in streams:
+            next(chunks)
+        assert httpx.get(busy + "/get_load", timeout=5).json() == {"load": held}
+        deadline = time.monotonic() + 12
+        idle = replicas[1].url
+        while not any(s.get(busy, 0) >= held > s.get(idle, held) for s in _selections(router)):
+            assert time.monotonic() < deadline, f"the router never saw {busy}'s load: {_selections(router)}"
+            _complete(router.url, f"probe {time.monotonic_ns()}")
+            time.sleep(0.5)
+        seen, before = len(_selections(router)), _counts(replicas)
         for i in range(6):
             _complete(router.url, f"while busy {i}")
-        assert _delta(before, replicas) == [0, 6]
+        assert _delta(before, replicas) == [0, 6], _selections(router)[seen:]
 
 
 @pytest.mark.parametrize("router", ["cache_aware"], indirect=True)
