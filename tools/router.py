@@ -25,7 +25,7 @@ from tools.servers import free_port, stop, wait_healthy
 
 VERSION = "0.1.17"
 """The vllm-router release the tests run. Its ``power_of_two`` polls each worker's ``GET
-/get_load`` for ``{"load": N}`` every ``--worker-startup-check-interval`` seconds."""
+/get_load`` for ``{"load": N}``, on an interval its start-up log names (5 s, not a flag)."""
 
 
 def _installed() -> str | None:
@@ -72,8 +72,7 @@ def run_router(
     timeout: float = 60.0,
 ) -> Iterator[Router]:
     """``vllm-router`` with ``policy`` in front of ``workers`` (their base URLs); ``poll_interval``:
-    its ``--worker-startup-check-interval``, which is also how often ``power_of_two`` polls the
-    workers' load. Stopped with SIGTERM (then killed) on exit."""
+    its ``--worker-startup-check-interval``. Stopped with SIGTERM (then killed) on exit."""
     binary = router_binary()
     port = free_port()
     argv = [
