@@ -524,6 +524,39 @@ def test_a_job_killed_mid_way_resumes_with_every_line_once(tmp_path: Path, datab
         assert job.error_file_id is None
 
 
+def test_on_postgresql_a_braid_on_another_disk_serves_the_files_and_ends_the_job(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """The files' bytes are in PostgreSQL: killed mid-job and started again on an empty disk (a
+    replaced machine), braid serves the input file, runs the job to its end with every line
+    once (the lines whose rows were on the lost disk run again), and a third braid on yet another
+    disk serves the job's output."""
+    total = 120
+    flags = ("--token-delay", "0.01", "--max-in-flight-requests", "8")
+    database = postgres.create_database()
+    lines = [_line(f"r{i}", {"prompt": f"p{i}", "max_tokens": 8, "seed": i}) for i in range(total)]
+    data = _jsonl(*lines)
+    with _serve(tmp_path / "a", *flags, log="store-disk", database=database) as server:
+        client = _client(server)
+        source = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+        job = client.batches.create(input_file_id=source.id, endpoint="/v1/completions", completion_window="24h")
+        deadline = time.monotonic() + 20
+        while (progress := client.batches.retrieve(job.id).request_counts) is None or progress.completed < 20:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        server.proc.kill()
+        server.proc.wait()
+    with _serve(tmp_path / "b", *flags, log="store-disk", database=database) as server:
+        client = _client(server)
+        assert client.files.content(source.id).content == data
+        job = _wait(client, job.id, within=60)
+    assert job.status == "completed" and job.request_counts.completed == total and job.request_counts.failed == 0
+    with _serve(tmp_path / "c", log="store-disk", database=database) as server:
+        rows = _rows(_client(server), job.output_file_id)
+    assert sorted(r["custom_id"] for r in rows) == sorted(f"r{i}" for i in range(total))
+    assert not (tmp_path / "c" / "files" / source.id).exists()  # only what was read is copied here
+
+
 def test_a_postgresql_outage_is_a_503_and_a_job_goes_on_after_it(tmp_path: Path) -> None:
     """PostgreSQL stops under a running job: the store's routes answer 503 in vLLM's error shape
     (not a 500, not a hang), the job is not failed, and once the database is back the job ends

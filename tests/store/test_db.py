@@ -94,7 +94,7 @@ async def test_a_version_1_database_is_migrated_keeping_its_jobs(tmp_path: Path)
         old = await store.get_batch("o", "batch_old")
     assert old is not None and (old.counts, old.usage, old.output_expires_after) == (RequestCounts(3, 3, 0), None, None)
     conn = sqlite3.connect(tmp_path / "store" / "store.db")
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
 
 
 async def test_an_unusable_directory_is_one_clear_error(tmp_path: Path) -> None:
@@ -361,3 +361,43 @@ async def test_a_lost_postgresql_connection_is_a_503_then_opened_again(
         with pytest.raises(StoreError, match="another braid"):
             async with open_store(StoreOptions(storage_dir=str(tmp_path / "b"), database=options.database), NOW):
                 pass
+
+
+async def test_on_postgresql_a_files_bytes_are_in_the_database_for_a_braid_on_another_disk(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    import psycopg
+
+    database = postgres.create_database()
+    owner = owner_of("k")
+    big = bytes(range(256)) * (db.PART_BYTES * 5 // 2 // 256)  # two whole parts and a half
+    async with open_store(StoreOptions(storage_dir=str(tmp_path / "a"), database=database), NOW) as store:
+        files = [_file(store, owner, data=big), _file(store, owner, data=b""), _file(store, owner, expires=NOW + 5)]
+        for f in files:
+            await store.add_file(f)
+
+    def parts(file_id: str) -> int:
+        with psycopg.connect(database) as conn:
+            (count,) = conn.execute("SELECT count(*) FROM file_parts WHERE file_id = %s", (file_id,)).fetchall()
+            return int(count[0])
+
+    assert [parts(f.id) for f in files] == [3, 1, 1]
+    async with open_store(StoreOptions(storage_dir=str(tmp_path / "b"), database=database), NOW) as other:
+        assert not other.path(files[0].id).exists()  # not on this disk until read
+        assert (await other.local_path(files[0].id)).read_bytes() == big
+        assert (await other.local_path(files[1].id)).read_bytes() == b""
+        assert other.used_bytes == len(big) + 1
+        assert await other.delete_file(owner, files[0].id)
+        assert await other.sweep(NOW + 5) == 1
+        assert [parts(f.id) for f in files] == [0, 1, 0]
+        assert not (await other.local_path(files[0].id)).exists()  # gone from the database too
+        assert list((tmp_path / "b" / "tmp").iterdir()) == []  # a fetch of nothing leaves nothing
+
+
+async def test_on_sqlite_the_bytes_stay_in_files_only(tmp_path: Path) -> None:
+    async with open_store(_options(tmp_path), NOW) as store:
+        f = _file(store, owner_of("k"), data=b"abc")
+        await store.add_file(f)
+        assert await store.local_path(f.id) == store.path(f.id)
+    conn = sqlite3.connect(tmp_path / "store" / "store.db")
+    assert conn.execute("SELECT count(*) FROM file_parts").fetchone()[0] == 0

@@ -409,7 +409,8 @@ class BatchRunner:
                 size = self.group_lines
                 places = 0  # taken for the group being gathered, not yet given to a line
                 try:
-                    source = await trio.to_thread.run_sync(open_binary, store.path(record.input_file_id), "rb")
+                    source_path = await store.local_path(record.input_file_id)
+                    source = await trio.to_thread.run_sync(open_binary, source_path, "rb")
                     with source:
                         lines = numbered_lines(source)
                         while True:
@@ -559,7 +560,7 @@ class BatchRunner:
 
     async def _expire_rest(self, job: _Job, err_path: Path, done: set[int]) -> None:
         """A row ``batch_expired`` for every line that has none, as OpenAI's expired batches have."""
-        record = self.store.path(job.record.input_file_id)
+        record = await self.store.local_path(job.record.input_file_id)
 
         def expire() -> int:
             done_now, _ = read_done(err_path)

@@ -143,7 +143,7 @@ async def run_file(
         rows: list[tuple[int, bytes]] = []
         for file in (record.output_file_id, record.error_file_id):
             if file is not None:
-                with store.path(file).open("rb") as f:
+                with (await store.local_path(file)).open("rb") as f:
                     rows += [(json.loads(r)["line"], r.rstrip(b"\n") + b"\n") for r in f if r.strip()]
     rows.sort(key=lambda r: r[0])
     return record, [r for _, r in rows]

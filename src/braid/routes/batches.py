@@ -94,12 +94,15 @@ async def create(
     check = body_check(endpoint, engine, settings, limits)
     options = store.options
     try:
+        source_path = await store.local_path(source.id)
         found = await trio.to_thread.run_sync(
-            lambda: validate_file(store.path(source.id), work, endpoint, check, max_lines=options.max_batch_lines)
+            lambda: validate_file(source_path, work, endpoint, check, max_lines=options.max_batch_lines)
         )
-    except BaseException:
+    except BaseException as exc:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(lambda: work.unlink(missing_ok=True))
+        if isinstance(exc, FileNotFoundError):  # deleted a moment ago
+            raise NotFound(f"No such file: {req.input_file_id!r}.", param="input_file_id") from None
         raise
     failed = bool(found.errors)
     record = BatchRecord(

@@ -15,7 +15,6 @@ gone, cancellation) removes what was written of it.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from pathlib import Path
 
 import attrs
 import msgspec
@@ -238,9 +237,8 @@ async def content(store: Store, owner: str, file_id: str, *, now: int) -> FileCo
     record = await store.get_file(owner, file_id, now)
     if record is None:
         raise _missing(file_id)
-    path: Path = store.path(file_id)
     try:
-        handle = await trio.open_file(path, "rb")
+        handle = await trio.open_file(await store.local_path(file_id), "rb")
     except FileNotFoundError:
         raise _missing(file_id) from None
     return FileContent(record, handle, record.bytes)

@@ -1,4 +1,5 @@
-"""braid's store: metadata in SQLite (or PostgreSQL: ``--store``), file bytes in ``--storage-dir``.
+"""braid's store: metadata in SQLite (or PostgreSQL: ``--store``), file bytes in ``--storage-dir``
+(on PostgreSQL, in the database too, ``files/`` keeping a copy of those read here).
 
 The one :class:`Store` of a server is opened by :func:`open_store` for the server's lifetime
 (``braid serve`` opens it beside the engine and closes it after the drain); it starts no task of
@@ -6,7 +7,8 @@ its own. Layout of the storage directory::
 
     store.db, store.db-wal, store.db-shm   SQLite in WAL mode: files, batches, responses
                                            (not there with --store postgresql://...)
-    files/<id>                             a file's bytes, named by its (random) id
+    files/<id>                             a file's bytes, named by its (random) id (on
+                                           PostgreSQL, a copy of the database's file_parts)
     tmp/                                   uploads still arriving (emptied at open)
     jobs/<batch id>.{output,error}.jsonl   a running job's results, appended as they come
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -118,10 +121,25 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     # 4: a job's output_expires_after (seconds; NULL: the server's file retention).
     ("ALTER TABLE batches ADD COLUMN output_expires_after INTEGER",),
+    # 5: a file's bytes, in parts of PART_BYTES, written with its row (PostgreSQL only: there a
+    # braid on another disk serves the files; on SQLite the database and files/ share a disk,
+    # and the table stays empty).
+    (
+        """CREATE TABLE file_parts (
+            file_id TEXT NOT NULL,
+            part INTEGER NOT NULL,
+            data BLOB NOT NULL,
+            PRIMARY KEY (file_id, part)
+        )""",
+    ),
 )
 """Each schema version's statements; the database's ``user_version`` is how many have run."""
 
 SCHEMA_VERSION = len(MIGRATIONS)
+
+PART_BYTES = 1 << 20
+"""Bytes of a file per row of ``file_parts``: a part is one statement's parameter, and a file is
+never held whole in memory, on its way in or out."""
 
 
 _RESPONSE_SIZE = "length(body) + length(messages)"
@@ -133,6 +151,9 @@ _BATCH_COLUMNS = (
     "total, completed, failed, metadata, errors, times, output_file_id, error_file_id, model, usage, "
     "output_expires_after"
 )
+
+
+_PART = "SELECT data FROM file_parts WHERE file_id = ? AND part = ?"
 
 
 def _file(row: Sequence[Any]) -> FileRecord:
@@ -216,6 +237,8 @@ class Store:
         """Bytes of every stored response (kept with the rows, on the store's thread)."""
         self._swept_at = -1
         """The ``now`` of the last sweep: a sweep at the same second has nothing more to delete."""
+        self._parts = conn.kind == "postgresql"
+        """Whether files' bytes are in the database too (``file_parts``), ``files/`` their copy here."""
         self.on_error: Callable[[], object] = lambda: None
         """Called once per call the database failed (the app counts them: ``braid_store_errors_total``)."""
 
@@ -232,6 +255,33 @@ class Store:
         """Where a file's bytes are. Ids are made by braid (:func:`~braid.store.records.new_id`,
         URL-safe base64), never by a client, so an id is always one plain file name."""
         return self._files / file_id
+
+    async def local_path(self, file_id: str) -> Path:
+        """Where a file's bytes are on this machine, to be read. On PostgreSQL, ``files/`` is a
+        copy: a file it lacks (this braid's disk is not the one that stored it) is fetched from
+        the database first, a part at a time, and kept. :class:`FileNotFoundError` from the
+        caller's open when the file has no bytes (deleted a moment ago)."""
+        target = self.path(file_id)
+        if not self._parts:
+            return target
+
+        def fetch() -> Path:
+            if target.exists():
+                return target
+            partial = self._tmp / f"{file_id}.{secrets.token_hex(4)}"
+            try:
+                with open(partial, "wb") as out:
+                    part = 0
+                    while (row := self._conn.execute(_PART, (file_id, part)).fetchone()) is not None:
+                        out.write(row[0])
+                        part += 1
+                if part:  # else no bytes: the caller's open raises FileNotFoundError
+                    os.replace(partial, target)
+            finally:
+                partial.unlink(missing_ok=True)
+            return target
+
+        return await self._call(fetch)
 
     def temp_path(self, file_id: str) -> Path:
         """Where a file's bytes are written before the file exists (:meth:`add_file` moves them)."""
@@ -257,15 +307,19 @@ class Store:
 
     async def add_file(self, record: FileRecord, *, written: Path | None = None) -> None:
         """Store a file whose bytes are at ``written`` (default: its :meth:`temp_path`): the bytes
-        are moved into place, then the row is inserted."""
+        are moved into place, then the row is inserted (on PostgreSQL with the bytes' parts, in
+        one transaction: a file is never listed whose bytes another braid cannot read)."""
         source = written or self.temp_path(record.id)
 
         def add() -> None:
             os.replace(source, self.path(record.id))
             try:
-                self._conn.execute(
-                    f"INSERT INTO files ({_FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)", attrs.astuple(record)
-                )
+                with self._conn.transaction():
+                    if self._parts:
+                        self._put_parts(record.id, self.path(record.id))
+                    self._conn.execute(
+                        f"INSERT INTO files ({_FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)", attrs.astuple(record)
+                    )
             except StoreUnavailable:
                 # No row: the bytes must not stay (the open's sweep would find them only at the
                 # next start, and they count against no cap meanwhile).
@@ -274,6 +328,27 @@ class Store:
             self._used += record.bytes
 
         await self._call(add)
+
+    def _put_parts(self, file_id: str, path: Path) -> None:
+        """A file's bytes into ``file_parts`` (at least one part: an empty file has one empty
+        part, so "no part" always means "no bytes")."""
+        with open(path, "rb") as source:
+            part = 0
+            while True:
+                data = source.read(PART_BYTES)
+                if part and not data:
+                    return
+                self._conn.execute(
+                    "INSERT INTO file_parts (file_id, part, data) VALUES (?, ?, ?)", (file_id, part, data)
+                )
+                part += 1
+                if len(data) < PART_BYTES:
+                    return
+
+    def _drop_parts(self, rows: Sequence[Sequence[Any]]) -> None:
+        if self._parts:
+            for file_id, _ in rows:
+                self._conn.execute("DELETE FROM file_parts WHERE file_id = ?", (file_id,))
 
     async def get_file(self, owner: str, file_id: str, now: int) -> FileRecord | None:
         """The owner's file of this id, unless it expired; None otherwise (another owner's
@@ -315,11 +390,13 @@ class Store:
         """Delete the owner's file (row, then bytes); False when the owner has none of this id."""
 
         def delete() -> bool:
-            row = self._conn.execute(
-                "DELETE FROM files WHERE id = ? AND owner = ? RETURNING id, bytes", (file_id, owner)
-            ).fetchone()
-            if row is None:
-                return False
+            with self._conn.transaction():
+                row = self._conn.execute(
+                    "DELETE FROM files WHERE id = ? AND owner = ? RETURNING id, bytes", (file_id, owner)
+                ).fetchone()
+                if row is None:
+                    return False
+                self._drop_parts([row])
             self._unlink([row])
             return True
 
@@ -495,9 +572,11 @@ class Store:
             return 0
 
         def sweep() -> int:
-            rows = self._conn.execute(
-                "DELETE FROM files WHERE expires_at IS NOT NULL AND expires_at <= ? RETURNING id, bytes", (now,)
-            ).fetchall()
+            with self._conn.transaction():
+                rows = self._conn.execute(
+                    "DELETE FROM files WHERE expires_at IS NOT NULL AND expires_at <= ? RETURNING id, bytes", (now,)
+                ).fetchall()
+                self._drop_parts(rows)
             self._unlink(rows)
             freed = self._conn.execute(
                 f"DELETE FROM responses WHERE expires_at <= ? RETURNING {_RESPONSE_SIZE}", (now,)

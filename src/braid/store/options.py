@@ -30,8 +30,9 @@ def _database(value: str | None) -> str | None:
 @attrs.frozen
 class StoreOptions:
     storage_dir: str = attrs.field(factory=default_storage_dir, converter=lambda p: str(Path(p).expanduser()))
-    """Where the files' bytes (``files/``), a running job's results (``jobs/``) and, unless
-    ``database`` says otherwise, the database (``store.db``) live."""
+    """Where the files' bytes (``files/``; with PostgreSQL, a copy of those in the database), a
+    running job's results (``jobs/``) and, unless ``database`` says otherwise, the database
+    (``store.db``) live."""
     database: str | None = attrs.field(default=None, converter=_database)
     """``--store``: None (or "sqlite") for SQLite in ``storage_dir``; a ``postgresql://`` URL
     (libpq's, as psql takes it) for PostgreSQL (:mod:`braid.store.sql`)."""

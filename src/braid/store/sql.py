@@ -25,7 +25,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -62,6 +62,9 @@ class Connection(Protocol):
 
     def schema_version(self) -> int: ...
 
+    def transaction(self) -> AbstractContextManager[None]:
+        """The statements run inside as one: all applied, or (an error, raised) none."""
+
     def migrate(self, migrations: Sequence[Sequence[str]]) -> None:
         """Run the migrations after the database's version, in transactions (a failed one leaves
         the version before it)."""
@@ -96,6 +99,16 @@ class SqliteConnection:
 
     def schema_version(self) -> int:
         return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        self.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._conn.rollback()
+            raise
+        self.execute("COMMIT")
 
     def migrate(self, migrations: Sequence[Sequence[str]]) -> None:
         try:
@@ -205,7 +218,7 @@ class PostgresConnection:
         return 0 if row is None else int(row[0])
 
     def migrate(self, migrations: Sequence[Sequence[str]]) -> None:
-        with self._transaction():
+        with self.transaction():
             # Everything under the lock, the version table's creation too (two CREATE TABLE IF
             # NOT EXISTS at once collide on PostgreSQL): replicas opening at once wait here, and
             # the ones after the first find the version current.
@@ -220,7 +233,10 @@ class PostgresConnection:
                 self.execute("INSERT INTO braid_schema (version) VALUES (?)", (len(migrations),))
 
     @contextmanager
-    def _transaction(self) -> Iterator[None]:
+    def transaction(self) -> Iterator[None]:
+        with self._lock:
+            if self._conn.closed or self._conn.broken:
+                self._conn = self._connect()
         try:
             with self._conn.transaction():
                 yield
