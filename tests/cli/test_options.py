@@ -150,6 +150,9 @@ GIVEN: list[tuple[list[str], type[Any], str, Any]] = [
     (["--batch-completion-window", "60"], StoreOptions, "batch_window", 60),
     (["--batch-max-lines", "10"], StoreOptions, "max_batch_lines", 10),
     (["--batch-group-lines", "1"], StoreOptions, "batch_group_lines", 1),
+    (["--store-shared", "--store", "postgresql://braid@db/braid"], StoreOptions, "shared", True),
+    (["--batch-chunk-lines", "64"], StoreOptions, "batch_chunk_lines", 64),
+    (["--batch-lease", "10"], StoreOptions, "batch_lease", 10),
     (["--response-retention", "60"], StoreOptions, "response_retention", 60),
     (["--max-response-bytes", "4096"], StoreOptions, "max_response_bytes", 4096),
 ]

@@ -52,7 +52,7 @@ def options(request: pytest.FixtureRequest, tmp_path: Path) -> MakeOptions:
     """The store's options on one of its databases (the same database for every call of a test)."""
     database = request.getfixturevalue("postgres").create_database() if request.param == "postgresql" else None
 
-    def make(**kw: int) -> StoreOptions:
+    def make(**kw: Any) -> StoreOptions:
         return StoreOptions(storage_dir=str(tmp_path / "store"), database=database, **kw)
 
     return make
@@ -94,7 +94,7 @@ async def test_a_version_1_database_is_migrated_keeping_its_jobs(tmp_path: Path)
         old = await store.get_batch("o", "batch_old")
     assert old is not None and (old.counts, old.usage, old.output_expires_after) == (RequestCounts(3, 3, 0), None, None)
     conn = sqlite3.connect(tmp_path / "store" / "store.db")
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
 
 
 async def test_an_unusable_directory_is_one_clear_error(tmp_path: Path) -> None:
@@ -312,6 +312,60 @@ async def test_braids_opening_one_postgresql_database_at_once_migrate_it_once_an
             await trio.sleep(0.5)
             assert opened == opened[:1]  # still waiting
     assert len(opened) == 2 and len(refused) == 3
+
+
+async def test_shared_replicas_open_one_database_together_and_exclude_a_lone_braid(
+    tmp_path: Path, postgres: Postgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(db, "HOLD_WAIT", 0.3)
+    database = postgres.create_database()
+
+    def options(name: str, shared: bool) -> StoreOptions:
+        return StoreOptions(storage_dir=str(tmp_path / name), database=database, shared=shared)
+
+    async with open_store(options("a", True), NOW), open_store(options("b", True), NOW):
+        with pytest.raises(StoreError, match="replicas share one with --store-shared"):
+            async with open_store(options("lone", False), NOW):
+                pass
+    async with open_store(options("lone", False), NOW):
+        with pytest.raises(StoreError, match="a braid without --store-shared uses this database"):
+            async with open_store(options("a", True), NOW):
+                pass
+    with pytest.raises(ValueError, match="--store-shared needs --store postgresql://"):
+        StoreOptions(shared=True)
+
+
+async def test_shared_chunks_are_claimed_once_and_taken_over_when_their_lease_ends(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    options = StoreOptions(storage_dir=str(tmp_path / "s"), database=postgres.create_database(), shared=True)
+    async with open_store(options, NOW) as store:
+        await store.add_chunks("batch_x", 3)
+        await store.add_chunks("batch_x", 5)  # a second replica starting the job changes nothing
+        claims = [await store.claim_chunk("batch_x", holder, 30) for holder in ("a", "b", "a")]
+        assert claims == [0, 1, 2] and await store.claim_chunk("batch_x", "c", 30) is None
+        assert await store.chunks_left("batch_x", "a") == (3, 1)
+        await store.release_chunks("batch_x", "b")
+        assert await store.claim_chunk("batch_x", "c", 0.2) == 1  # given back: taken at once
+        await trio.sleep(0.3)
+        assert await store.claim_chunk("batch_x", "d", 30) == 1  # c's lease ran out
+        await store.chunk_done("batch_x", 1, "c")  # c lost it: nothing changes
+        assert await store.chunks_left("batch_x", "d") == (3, 2)
+        # rows are kept once, and the counts grow by the new ones only
+        job = BatchRecord("batch_x", "o", "/v1/completions", "file-x", "24h", "in_progress", NOW, NOW + 10)
+        await store.add_batch(job)
+        await store.add_rows("batch_x", [(1, True, b"r1\n"), (2, False, b"e2\n")])
+        await store.add_rows("batch_x", [(1, False, b"again\n"), (3, True, b"r3\n")])
+        loaded = await store.load_batch("batch_x")
+        assert loaded is not None and loaded.counts == RequestCounts(0, 2, 1)
+        assert await store.row_lines("batch_x", 1, 3) == {1, 2}
+        out, err = tmp_path / "out", tmp_path / "err"
+        assert await store.write_rows("batch_x", out, err) == (2, 1)
+        assert out.read_bytes() == b"r1\nr3\n" and err.read_bytes() == b"e2\n"
+        assert await store.claim_chunk("batch_x", "a", 30, end=True) == -1
+        assert await store.claim_chunk("batch_x", "b", 30, end=True) is None
+        await store.drop_shared("batch_x")
+        assert await store.chunks_left("batch_x", "a") == (0, 0)
 
 
 async def test_an_unreachable_postgresql_is_one_clear_error(tmp_path: Path) -> None:

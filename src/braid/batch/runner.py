@@ -30,6 +30,9 @@ when the server has drained. What it does:
   and it is ``completed``. Cancel (:meth:`BatchRunner.cancel`) cancels the job's task: its lines'
   engine requests are aborted as a disconnected client's are, and the job ends ``cancelled``
   with the rows written so far. A job whose window ends is ended the same way, ``expired``.
+* **Shared.** With ``--store-shared`` the same steps run a job's lines a claimed chunk at a time,
+  their rows going to the database instead of the work files, and the replica that claims the
+  job's end writes them out and ends it (:mod:`braid.batch.shared`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import secrets
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -48,6 +52,7 @@ import msgspec
 import trio
 
 from braid.batch.group import run_group
+from braid.batch.shared import DISCOVER_EVERY, Chunks, chunk_lines, chunks_of, count_lines, read_rows
 from braid.batch.validate import LineChecker, Refused, Runnable, answer_row, error_row, numbered_lines
 from braid.errors import EngineUnavailable, StoreUnavailable, TooManyRequests
 from braid.routes import chat, completions
@@ -66,6 +71,10 @@ GATHER_ROWS = 0.02
 STORE_RETRY = 5.0
 """Seconds before a job that stopped because the store's database failed is run again."""
 MIN_IN_FLIGHT, EXTRA_IN_FLIGHT = 8, 16
+
+
+_Item = tuple[int, bool, bytes]
+"""A row on its way to the writer: its line number, whether the line was answered 200, the row."""
 
 
 class _Done(msgspec.Struct):
@@ -145,7 +154,7 @@ def _any_body(body: bytes) -> None:
     return None
 
 
-def _take_ready(receive: trio.MemoryReceiveChannel[tuple[bool, bytes]], rows: list[tuple[bool, bytes]]) -> bool:
+def _take_ready(receive: trio.MemoryReceiveChannel[_Item], rows: list[_Item]) -> bool:
     """Add every row ready now to ``rows``; True when the channel has ended."""
     while True:
         try:
@@ -181,6 +190,18 @@ def read_done(path: Path) -> tuple[set[int], int]:
             done.add(_DONE.decode(raw).line)
             rows += 1
     return done, rows
+
+
+def _read_chunk(path: Path, first: int, end: int) -> list[tuple[int, bytes]]:
+    """The lines numbered ``first .. end - 1`` of a file that are not blank; for a worker thread."""
+    found = []
+    with open(path, "rb") as source:
+        for number, raw in numbered_lines(source):
+            if number >= end:
+                break
+            if number >= first:
+                found.append((number, raw))
+    return found
 
 
 def open_binary(path: Path, mode: str) -> BinaryIO:
@@ -238,6 +259,52 @@ class _Room:
 
 
 @attrs.define(eq=False)
+class _Groups:
+    """A job's lines gathered into groups of the runner's size, each group started in ``nursery``
+    as soon as it is whole (:meth:`BatchRunner._group`); a refused line's row sent at once. The
+    places of a group in the pipeline are taken at once, so that a reader never holds part of
+    the room while it waits for the rest; :meth:`close` gives back those not used."""
+
+    runner: BatchRunner
+    job: _Job
+    prepare: Prepare
+    view: View
+    nursery: trio.Nursery
+    send: trio.MemorySendChannel[_Item]
+    on_start: Callable[[int], object] = lambda line: None
+    """Told each line number as it is started or refused."""
+    _group: list[Runnable] = attrs.Factory(list)
+    _places: int = 0
+
+    async def add(self, found: Runnable | Refused) -> None:
+        if isinstance(found, Refused):
+            self.on_start(found.number)
+            await self.send.send((found.number, False, found.row))
+            return
+        if not self._places:
+            await self.runner._room.take(self.runner.group_lines)
+            self._places = self.runner.group_lines
+        self.on_start(found.number)
+        self._group.append(found)
+        self._places -= 1
+        if not self._places:
+            self.flush()
+
+    def flush(self) -> None:
+        """Start the lines gathered, a whole group or not."""
+        if self._group:
+            self.nursery.start_soon(
+                self.runner._group, self.job, self.prepare, self.view, self._group, self.send.clone()
+            )
+            self._group = []
+
+    def close(self) -> None:
+        self.runner._room.give(self._places + len(self._group))
+        self._places = 0
+        self._group = []
+
+
+@attrs.define(eq=False)
 class _Job:
     record: BatchRecord
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
@@ -270,6 +337,11 @@ class BatchRunner:
         self._nursery: trio.Nursery | None = None
         self._jobs: dict[str, _Job] = {}
         self.now: Callable[[], float] = time.time
+        self.shared = store.options.shared
+        """``--store-shared``: jobs are shared with other replicas (:mod:`braid.batch.shared`)."""
+        self.holder = "braid-" + secrets.token_hex(8)
+        """This runner's name on the chunks it claims (one per process: a restarted replica's
+        claims are another's, taken over when their leases end)."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Resume every active job, then run the jobs submitted, until cancelled."""
@@ -278,7 +350,28 @@ class BatchRunner:
             for record in await self.store.active_batches():
                 self.submit(record)
             task_status.started()
-            await trio.sleep_forever()
+            if not self.shared:
+                await trio.sleep_forever()
+            while True:
+                # Jobs made on other replicas, and jobs whose end a dead replica had claimed.
+                await trio.sleep(DISCOVER_EVERY)
+                try:
+                    records = await self.store.active_batches()
+                except StoreUnavailable:
+                    continue  # the job tasks log it; the next look tries again
+                for record in records:
+                    self.submit(record)
+
+    async def start(self, record: BatchRecord) -> None:
+        """Store a new job and run it. With ``--store-shared`` the rows of its lines refused at
+        creation (in this replica's work file) go to the database first, where the replica that
+        ends the job finds them."""
+        if self.shared:
+            rows = await trio.to_thread.run_sync(read_rows, self.store.work_path(record.id, "error"), False)
+            if rows:
+                await self.store.add_rows(record.id, rows, count=False)
+        await self.store.add_batch(record)
+        self.submit(record)
 
     def submit(self, record: BatchRecord) -> None:
         """Start running a job (a job already running is left alone)."""
@@ -306,6 +399,10 @@ class BatchRunner:
         if job is not None:
             job.cancelled = True
             job.scope.cancel()
+            return cancelling
+        if self.shared:
+            # Other replicas may run it: a job task here ends it once they have stopped.
+            self.submit(cancelling)
             return cancelling
         # Not running here (no runner yet, or it stopped): end it now with the rows written.
         job = _Job(cancelling, cancelled=True)
@@ -338,6 +435,9 @@ class BatchRunner:
         store, record = self.store, job.record
         out_path, err_path = store.work_path(record.id, "output"), store.work_path(record.id, "error")
         try:
+            if self.shared:
+                await self._run_shared(job)
+                return
             out_done, job.completed = await trio.to_thread.run_sync(read_done, out_path)
             err_done, job.failed = await trio.to_thread.run_sync(read_done, err_path)
             if record.status == "cancelling":
@@ -400,17 +500,16 @@ class BatchRunner:
         view: View = chat.chat_completions if chat_route else completions.completions
         prepare: Prepare = chat.prepare if chat_route else completions.prepare
         # Bounded: a line's task and the reader wait for the writer rather than hold rows.
-        send, receive = trio.open_memory_channel[tuple[bool, bytes]](READ_LINES)
+        send, receive = trio.open_memory_channel[_Item](READ_LINES)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._write, job, receive, out_path, err_path)
             async with send:
-                group: list[Runnable] = []
-                size = self.group_lines
-                places = 0  # taken for the group being gathered, not yet given to a line
+                groups = _Groups(self, job, prepare, view, nursery, send)
                 try:
-                    source_path = await store.local_path(record.input_file_id)
-                    source = await trio.to_thread.run_sync(open_binary, source_path, "rb")
+                    source = await trio.to_thread.run_sync(
+                        open_binary, await store.local_path(record.input_file_id), "rb"
+                    )
                     with source:
                         lines = numbered_lines(source)
                         while True:
@@ -421,24 +520,145 @@ class BatchRunner:
                                 found = checker(number, raw)  # every line: the checker learns the custom_ids
                                 if number in done:
                                     continue  # its row is written (at validation, or before a restart)
-                                if isinstance(found, Refused):
-                                    await send.send((False, found.row))
-                                    continue
-                                if not places:
-                                    # A whole group's places at once: a reader never holds part
-                                    # of the room while it waits for the rest.
-                                    await self._room.take(size)
-                                    places = size
-                                group.append(found)
-                                places -= 1
-                                if not places:
-                                    nursery.start_soon(self._group, job, prepare, view, group, send.clone())
-                                    group = []
-                    if group:
-                        nursery.start_soon(self._group, job, prepare, view, group, send.clone())
-                        group = []
+                                await groups.add(found)
+                    groups.flush()
                 finally:
-                    self._room.give(places + len(group))
+                    groups.close()
+
+    # --- jobs shared by replicas (--store-shared; see braid.batch.shared) ---------------------
+
+    async def _run_shared(self, job: _Job) -> None:
+        store, record, options = self.store, job.record, self.store.options
+        size, lease = options.batch_chunk_lines, options.batch_lease
+        if record.status == "cancelling":
+            job.cancelled = True
+        elif record.status == "in_progress":
+            source = await store.local_path(record.input_file_id)
+            lines = await trio.to_thread.run_sync(count_lines, source)
+            await store.add_chunks(record.id, chunks_of(lines, size))
+            job.scope.deadline = trio.current_time() + (record.expires_at - self.now())
+            try:
+                with job.scope:
+                    while True:
+                        chunks = Chunks(size)
+                        async with trio.open_nursery() as nursery:
+                            nursery.start_soon(self._keep_leases, job)
+                            await self._feed_chunks(job, source, chunks)
+                            nursery.cancel_scope.cancel()
+                        if job.stopped:
+                            break
+                        left, others = await store.chunks_left(record.id, self.holder)
+                        if left == 0:
+                            break
+                        # Chunks held by live replicas: wait, to take over those whose holder
+                        # dies; chunks given back (a replica drained) are claimed at once.
+                        await trio.sleep(0.2 if others < left else lease / 3)
+                        await self._watch(job)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await store.release_chunks(record.id, self.holder)
+        if job.stopped:
+            log.info("batch %s: this replica cannot run lines now; its chunks are given back", record.id)
+            return
+        if job.cancelled:
+            status = "cancelled"
+        elif job.scope.cancelled_caught:
+            status = "expired"
+        else:
+            status = "completed"
+        await self._end_shared(job, status)
+
+    async def _end_shared(self, job: _Job, status: str) -> None:
+        """End the job if this replica claims its end (else another replica ends it): once no
+        other replica runs its lines, its rows become this replica's work files, then its files."""
+        store, record, lease = self.store, job.record, self.store.options.batch_lease
+        if await store.claim_chunk(record.id, self.holder, lease, end=True) is None:
+            return
+        out_path, err_path = store.work_path(record.id, "output"), store.work_path(record.id, "error")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._keep_leases, job)
+            if status != "completed":
+                # Replicas still running lines stop at their next renewal (a cancel) or at the
+                # window's end (an expiry): at most a lease.
+                while True:
+                    _, others = await store.chunks_left(record.id, self.holder)
+                    if not others:
+                        break
+                    await trio.sleep(1.0)
+            job.completed, job.failed = await store.write_rows(record.id, out_path, err_path)
+            if status == "expired":
+                await self._expire_rest(job, err_path, set())
+            await self._finish(job, status, out_path, err_path)
+            nursery.cancel_scope.cancel()
+        with trio.CancelScope(shield=True):
+            await store.drop_shared(record.id)
+
+    async def _keep_leases(self, job: _Job) -> None:
+        """Renew this replica's leases on the job's chunks every third of a lease, and look for a
+        cancel made on another replica."""
+        lease = self.store.options.batch_lease
+        while True:
+            await trio.sleep(lease / 3)
+            await self.store.renew_chunks(job.record.id, self.holder, lease)
+            await self._watch(job)
+
+    async def _watch(self, job: _Job) -> None:
+        current = await self.store.load_batch(job.record.id)
+        if current is not None and current.status in ("cancelling", "cancelled") and not job.cancelled:
+            job.cancelled = True
+            job.scope.cancel()
+
+    async def _feed_chunks(self, job: _Job, source: Path, chunks: Chunks) -> None:
+        """Claim the job's chunks one after another, as the pipeline has room for their lines,
+        and run each line of them that has no row yet, until no chunk is free."""
+        store, record, options = self.store, job.record, self.store.options
+        chat_route = record.endpoint != "/v1/completions"
+        view: View = chat.chat_completions if chat_route else completions.completions
+        prepare: Prepare = chat.prepare if chat_route else completions.prepare
+        send, receive = trio.open_memory_channel[_Item](READ_LINES)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._write_shared, job, receive, chunks)
+            async with send:
+                groups = _Groups(self, job, prepare, view, nursery, send, on_start=chunks.started)
+                try:
+                    while (chunk := await store.claim_chunk(record.id, self.holder, options.batch_lease)) is not None:
+                        first, end = chunk_lines(chunk, chunks.size)
+                        written = await store.row_lines(record.id, first, end)
+                        lines = await trio.to_thread.run_sync(_read_chunk, source, first, end)
+                        checker = LineChecker(record.endpoint, _any_body)
+                        for number, raw in lines:
+                            found = checker(number, raw)
+                            if number not in written:
+                                await groups.add(found)
+                        groups.flush()
+                        if chunks.read(chunk):
+                            await store.chunk_done(record.id, chunk, self.holder)
+                finally:
+                    groups.close()
+
+    async def _write_shared(self, job: _Job, receive: trio.MemoryReceiveChannel[_Item], chunks: Chunks) -> None:
+        """Rows into the database as they come, several per call; a chunk done once its last
+        row is in."""
+        store, batch_id = self.store, job.record.id
+        async with receive:
+            ended = False
+            while not ended:
+                try:
+                    rows = [await receive.receive()]
+                except trio.EndOfChannel:
+                    break
+                ended = _take_ready(receive, rows)
+                if not ended and len(rows) < READ_LINES // 4:
+                    await trio.sleep(GATHER_ROWS)
+                    ended = _take_ready(receive, rows)
+                # shielded: rows in hand are kept whole even as the job is cancelled
+                with trio.CancelScope(shield=True):
+                    await store.add_rows(batch_id, rows)
+                    for chunk in chunks.written([line for line, _, _ in rows]):
+                        await store.chunk_done(batch_id, chunk, self.holder)
+                completed = sum(ok for _, ok, _ in rows)
+                self.state.metrics.batch_line(True, completed)
+                self.state.metrics.batch_line(False, len(rows) - completed)
 
     async def _group(
         self,
@@ -446,7 +666,7 @@ class BatchRunner:
         prepare: Prepare,
         view: View,
         lines: list[Runnable],
-        send: trio.MemorySendChannel[tuple[bool, bytes]],
+        send: trio.MemorySendChannel[_Item],
     ) -> None:
         """Run lines as a group (:mod:`braid.batch.group`); those it gives back, each alone. Every
         line's slot in the pipeline is handed back as it is answered, or as this ends."""
@@ -454,9 +674,8 @@ class BatchRunner:
 
         async def answer(line: Runnable, result: JsonResponse) -> None:
             rid = next((v for k, v in result.headers if k == "X-Request-Id"), None)
-            await send.send(
-                (result.status == 200, answer_row(line.number, line.custom_id, result.status, result.body, rid))
-            )
+            row = answer_row(line.number, line.custom_id, result.status, result.body, rid)
+            await send.send((line.number, result.status == 200, row))
             held.discard(line)
             self._room.give(1)
 
@@ -516,7 +735,7 @@ class BatchRunner:
         return result
 
     async def _write(
-        self, job: _Job, receive: trio.MemoryReceiveChannel[tuple[bool, bytes]], out_path: Path, err_path: Path
+        self, job: _Job, receive: trio.MemoryReceiveChannel[_Item], out_path: Path, err_path: Path
     ) -> None:
         """Append rows as they come, several per worker-thread call; the counts to the store now and then."""
         store = self.store
@@ -539,8 +758,8 @@ class BatchRunner:
                         await trio.sleep(GATHER_ROWS)
                         ended = _take_ready(receive, rows)
 
-                    def append(rows: list[tuple[bool, bytes]] = rows) -> None:
-                        for ok, row in rows:
+                    def append(rows: list[_Item] = rows) -> None:
+                        for _, ok, row in rows:
                             (out if ok else err).write(row)
                         out.flush()
                         err.flush()
@@ -548,7 +767,7 @@ class BatchRunner:
                     # shielded: rows in hand are written whole even as the job is cancelled
                     with trio.CancelScope(shield=True):
                         await trio.to_thread.run_sync(append)
-                    completed = sum(ok for ok, _ in rows)
+                    completed = sum(ok for _, ok, _ in rows)
                     job.completed += completed
                     job.failed += len(rows) - completed
                     self.state.metrics.batch_line(True, completed)

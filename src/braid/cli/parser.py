@@ -398,8 +398,36 @@ def add_storage_options(parser: argparse.ArgumentParser) -> None:
         "database",
         "--store",
         metavar="URL",
-        help="the store's database: sqlite (in --storage-dir), or a postgresql:// URL (libpq's form); "
-        "the files' bytes stay in --storage-dir either way (docs/batch.md)",
+        help="the store's database: sqlite (in --storage-dir), or a postgresql:// URL (libpq's form), "
+        "which keeps the files' bytes too, --storage-dir a copy (docs/batch.md)",
+    )
+    add_field_option(
+        d,
+        StoreOptions,
+        "shared",
+        "--store-shared",
+        action="store_true",
+        help="with --store postgresql://...: braids on the database share its batch jobs, each claiming "
+        "lines a chunk at a time with a lease (docs/batch.md); without it one braid holds the database",
+    )
+    add_field_option(
+        d,
+        StoreOptions,
+        "batch_chunk_lines",
+        "--batch-chunk-lines",
+        type=positive_int,
+        metavar="N",
+        help="with --store-shared: lines of a job a replica claims at once",
+    )
+    add_field_option(
+        d,
+        StoreOptions,
+        "batch_lease",
+        "--batch-lease",
+        type=positive_int,
+        metavar="SECONDS",
+        help="with --store-shared: how long a replica's claim on lines lasts unless renewed (at least 3); "
+        "a dead replica's lines are taken over after it",
     )
     add_field_option(
         d,

@@ -44,8 +44,8 @@ DEFAULT_PAGE, MAX_PAGE = 20, 100
 class Jobs(Protocol):
     """What runs the jobs (:class:`braid.batch.runner.BatchRunner`)."""
 
-    def submit(self, record: BatchRecord) -> None:
-        """Run a new job (stored already)."""
+    async def start(self, record: BatchRecord) -> None:
+        """Store a new job and run it."""
 
     async def fail(self, record: BatchRecord) -> BatchRecord:
         """Store a new job that cannot run, ended ``failed`` with its error file; the stored record."""
@@ -125,8 +125,7 @@ async def create(
     if failed:
         record = await jobs.fail(record)
     else:
-        await store.add_batch(record)
-        jobs.submit(record)
+        await jobs.start(record)
     return _json(wire.batch_object(record))
 
 

@@ -132,6 +132,26 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (file_id, part)
         )""",
     ),
+    # 6: jobs shared by replicas (--store-shared, PostgreSQL only; empty otherwise). A job's lines
+    # in chunks claimed with a lease (chunk -1: its end, claimed by the replica that finalizes),
+    # and its rows, one per line, whichever replica ran it.
+    (
+        """CREATE TABLE batch_chunks (
+            batch_id TEXT NOT NULL,
+            chunk INTEGER NOT NULL,
+            holder TEXT,
+            lease_until INTEGER NOT NULL,
+            done INTEGER NOT NULL,
+            PRIMARY KEY (batch_id, chunk)
+        )""",
+        """CREATE TABLE batch_rows (
+            batch_id TEXT NOT NULL,
+            line INTEGER NOT NULL,
+            ok INTEGER NOT NULL,
+            row BLOB NOT NULL,
+            PRIMARY KEY (batch_id, line)
+        )""",
+    ),
 )
 """Each schema version's statements; the database's ``user_version`` is how many have run."""
 
@@ -154,6 +174,8 @@ _BATCH_COLUMNS = (
 
 
 _PART = "SELECT data FROM file_parts WHERE file_id = ? AND part = ?"
+_NOW_MS = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"
+"""The database's clock in ms (PostgreSQL's): the one clock every replica's lease is read by."""
 
 
 def _file(row: Sequence[Any]) -> FileRecord:
@@ -559,6 +581,148 @@ class Store:
         rows = await self._call(page)
         return [_batch(r) for r in rows[:limit]], len(rows) > limit
 
+    # --- jobs shared by replicas (--store-shared: PostgreSQL) --------------------------------
+
+    async def add_chunks(self, batch_id: str, chunks: int) -> None:
+        """A job's chunks ``0 .. chunks - 1`` and its end (-1), unclaimed; those that exist
+        are left as they are (every replica that starts the job adds them)."""
+
+        def add() -> None:
+            # The end is added with the rest, in one transaction: when it exists, they all do.
+            if self._conn.execute(
+                "SELECT 1 FROM batch_chunks WHERE batch_id = ? AND chunk = -1", (batch_id,)
+            ).fetchone():
+                return
+            with self._conn.transaction():
+                for chunk in range(-1, chunks):
+                    self._conn.execute(
+                        "INSERT INTO batch_chunks (batch_id, chunk, holder, lease_until, done) "
+                        "VALUES (?, ?, NULL, 0, 0) ON CONFLICT DO NOTHING",
+                        (batch_id, chunk),
+                    )
+
+        await self._call(add)
+
+    async def claim_chunk(self, batch_id: str, holder: str, lease: float, *, end: bool = False) -> int | None:
+        """Claim for ``lease`` seconds the first chunk of the job not done and free (never
+        claimed, released, or its lease run out), or with ``end`` the job's end; None when none
+        is. Replicas claiming at once each get another (``SKIP LOCKED``); time is the
+        database's, so the replicas' clocks need not agree."""
+        which = "chunk = -1" if end else "chunk >= 0"
+        sql = (
+            f"UPDATE batch_chunks SET holder = ?, lease_until = {_NOW_MS} + ? "
+            "WHERE batch_id = ? AND chunk = (SELECT chunk FROM batch_chunks "
+            f"WHERE batch_id = ? AND {which} AND done = 0 AND (holder IS NULL OR lease_until < {_NOW_MS}) "
+            "ORDER BY chunk LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING chunk"
+        )
+        args = (holder, int(lease * 1000), batch_id, batch_id)
+        row = await self._call(lambda: self._conn.execute(sql, args).fetchone())
+        return None if row is None else int(row[0])
+
+    async def renew_chunks(self, batch_id: str, holder: str, lease: float) -> None:
+        """Extend the leases of every chunk of the job that ``holder`` holds and has not done."""
+        await self._call(
+            lambda: self._conn.execute(
+                f"UPDATE batch_chunks SET lease_until = {_NOW_MS} + ? WHERE batch_id = ? AND holder = ? AND done = 0",
+                (int(lease * 1000), batch_id, holder),
+            )
+        )
+
+    async def release_chunks(self, batch_id: str, holder: str) -> None:
+        """Give up ``holder``'s chunks of the job not done, for another replica to take at once."""
+        await self._call(
+            lambda: self._conn.execute(
+                "UPDATE batch_chunks SET holder = NULL, lease_until = 0 WHERE batch_id = ? AND holder = ? AND done = 0",
+                (batch_id, holder),
+            )
+        )
+
+    async def chunk_done(self, batch_id: str, chunk: int, holder: str) -> None:
+        """Every line of the chunk has its row. (A holder whose lease was taken over changes
+        nothing: the new holder marks it.)"""
+        await self._call(
+            lambda: self._conn.execute(
+                "UPDATE batch_chunks SET done = 1 WHERE batch_id = ? AND chunk = ? AND holder = ?",
+                (batch_id, chunk, holder),
+            )
+        )
+
+    async def chunks_left(self, batch_id: str, holder: str) -> tuple[int, int]:
+        """The job's chunks not done, and of them those another replica holds a live lease on."""
+        row = await self._call(
+            lambda: self._conn.execute(
+                "SELECT count(*), count(*) FILTER (WHERE holder IS NOT NULL AND holder <> ? "
+                f"AND lease_until >= {_NOW_MS}) FROM batch_chunks WHERE batch_id = ? AND chunk >= 0 AND done = 0",
+                (holder, batch_id),
+            ).fetchone()
+        )
+        return int(row[0]), int(row[1])
+
+    async def add_rows(self, batch_id: str, rows: Sequence[tuple[int, bool, bytes]], *, count: bool = True) -> None:
+        """A job's rows (line number, answered 200, the row), each kept once: a line whose row
+        exists (its chunk taken over from a replica that had run it) keeps the first. With
+        ``count``, the job's counts grow by the rows that were new, in the same transaction."""
+
+        def add() -> None:
+            completed = failed = 0
+            with self._conn.transaction():
+                for line, ok, row in rows:
+                    cur = self._conn.execute(
+                        "INSERT INTO batch_rows (batch_id, line, ok, row) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                        (batch_id, line, int(ok), row),
+                    )
+                    if cur.rowcount == 1:
+                        completed += ok
+                        failed += not ok
+                if count and (completed or failed):
+                    self._conn.execute(
+                        "UPDATE batches SET completed = completed + ?, failed = failed + ? WHERE id = ?",
+                        (completed, failed, batch_id),
+                    )
+
+        await self._call(add)
+
+    async def row_lines(self, batch_id: str, first: int, end: int) -> set[int]:
+        """The line numbers in ``first .. end - 1`` that have a row."""
+        rows = await self._call(
+            lambda: self._conn.execute(
+                "SELECT line FROM batch_rows WHERE batch_id = ? AND line >= ? AND line < ?", (batch_id, first, end)
+            ).fetchall()
+        )
+        return {int(r[0]) for r in rows}
+
+    async def write_rows(self, batch_id: str, out_path: Path, err_path: Path) -> tuple[int, int]:
+        """The job's rows, in line order, written to ``out_path`` (200s) and ``err_path`` (the
+        rest), a page at a time; how many of each."""
+
+        def write() -> tuple[int, int]:
+            counts = [0, 0]
+            after = -(2**62)
+            with open(out_path, "wb") as out, open(err_path, "wb") as err:
+                while True:
+                    page = self._conn.execute(
+                        "SELECT line, ok, row FROM batch_rows WHERE batch_id = ? AND line > ? ORDER BY line LIMIT 1000",
+                        (batch_id, after),
+                    ).fetchall()
+                    if not page:
+                        return counts[1], counts[0]
+                    for _, ok, row in page:
+                        (out if ok else err).write(bytes(row))
+                        counts[bool(ok)] += 1
+                    after = page[-1][0]
+
+        return await self._call(write)
+
+    async def drop_shared(self, batch_id: str) -> None:
+        """A finished job's chunks and rows (its files hold the rows now)."""
+
+        def drop() -> None:
+            with self._conn.transaction():
+                self._conn.execute("DELETE FROM batch_rows WHERE batch_id = ?", (batch_id,))
+                self._conn.execute("DELETE FROM batch_chunks WHERE batch_id = ?", (batch_id,))
+
+        await self._call(drop)
+
     # --- retention ----------------------------------------------------------------------------
 
     async def sweep(self, now: int) -> int:
@@ -582,6 +746,9 @@ class Store:
                 f"DELETE FROM responses WHERE expires_at <= ? RETURNING {_RESPONSE_SIZE}", (now,)
             ).fetchall()
             self._response_bytes -= sum(r[0] for r in freed)
+            if self.options.shared:
+                # Other replicas store and delete too: the caps count what the database holds.
+                self._count_bytes()
             self._swept_at = max(self._swept_at, now)
             return len(rows)
 
@@ -592,11 +759,16 @@ class Store:
         count the bytes stored."""
         for leftover in self._tmp.iterdir():
             leftover.unlink(missing_ok=True)
-        known = {fid: size for fid, size in self._conn.execute("SELECT id, bytes FROM files")}
+        known = {fid for (fid,) in self._conn.execute("SELECT id FROM files")}
         for stored in self._files.iterdir():
             if stored.name not in known:
                 stored.unlink(missing_ok=True)
-        self._used = sum(known.values())
+        self._count_bytes()
+
+    def _count_bytes(self) -> None:
+        """The bytes of every file and every stored response, as the database has them."""
+        files = self._conn.execute("SELECT COALESCE(SUM(bytes), 0) FROM files").fetchone()
+        self._used = int(files[0])
         total = self._conn.execute(f"SELECT COALESCE(SUM({_RESPONSE_SIZE}), 0) FROM responses").fetchone()
         self._response_bytes = int(total[0])
 
@@ -638,7 +810,7 @@ async def open_store(options: StoreOptions, now: int) -> AsyncIterator[Store]:
 
     conn = await trio.to_thread.run_sync(prepare)
     try:
-        await _hold(conn)
+        await _hold(conn, options.shared)
         store = Store(conn, root, options)
         await trio.to_thread.run_sync(store._open_sweep)
     except BaseException as exc:
@@ -660,12 +832,12 @@ HOLD_WAIT = 30.0
 for PostgreSQL to end the session of a braid whose machine died (its keepalives: about 25 s)."""
 
 
-async def _hold(conn: Connection) -> None:
+async def _hold(conn: Connection, shared: bool) -> None:
     deadline = trio.current_time() + HOLD_WAIT
     told = False
     while True:
         try:
-            await trio.to_thread.run_sync(conn.hold)
+            await trio.to_thread.run_sync(lambda: conn.hold(shared=shared))
             return
         except DatabaseHeld:
             left = deadline - trio.current_time()

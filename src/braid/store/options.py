@@ -49,6 +49,15 @@ class StoreOptions:
     batch_group_lines: int = attrs.field(default=32, validator=attrs.validators.gt(0))
     """Consecutive lines of a job run as one group, under one admission ticket
     (:mod:`braid.batch.group`); 1: every line a request of its own."""
+    shared: bool = False
+    """``--store-shared``: braids on one PostgreSQL database share its batch jobs, each claiming a
+    job's lines a chunk at a time with a lease (:mod:`braid.batch.shared`); without it one braid
+    holds the database alone."""
+    batch_chunk_lines: int = attrs.field(default=256, validator=attrs.validators.gt(0))
+    """Lines of a job claimed at once by a replica when ``shared``."""
+    batch_lease: int = attrs.field(default=30, validator=attrs.validators.ge(3))
+    """Seconds a replica's claim on a chunk lasts unless renewed (every third of it): how long
+    the lines of a replica that died wait before another takes them over."""
     response_retention: int = attrs.field(default=30 * DAY, validator=attrs.validators.gt(0))
     """Seconds a stored ``/v1/responses`` answer is kept after it was made (OpenAI keeps them
     30 days); on disk, swept as files are, so stored responses never grow braid's memory."""
@@ -56,6 +65,10 @@ class StoreOptions:
     """All stored ``/v1/responses`` answers together (every key's, with their conversations):
     storing one more first deletes the oldest ones, so clients cannot fill the disk within the
     retention; one larger than this alone is not stored."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.shared and self.database is None:
+            raise ValueError("--store-shared needs --store postgresql://... (replicas share jobs in one database)")
 
 
 __all__ = ["DAY", "POSTGRES_SCHEMES", "StoreOptions", "default_storage_dir"]

@@ -69,8 +69,9 @@ class Connection(Protocol):
         """Run the migrations after the database's version, in transactions (a failed one leaves
         the version before it)."""
 
-    def hold(self) -> None:
-        """Take the database for this braid alone; :class:`DatabaseHeld` when another braid has it."""
+    def hold(self, *, shared: bool = False) -> None:
+        """Take the database for this braid alone, or with ``shared`` with the other replicas of
+        ``--store-shared`` only; :class:`DatabaseHeld` when a braid it cannot share with has it."""
 
     def close(self) -> None: ...
 
@@ -124,7 +125,7 @@ class SqliteConnection:
                     self._conn.execute(statement)
                 self._conn.execute(f"PRAGMA user_version = {number + 1}")
 
-    def hold(self) -> None:
+    def hold(self, *, shared: bool = False) -> None:
         pass  # the database is a file in this braid's own --storage-dir
 
     def close(self) -> None:
@@ -154,7 +155,8 @@ class PostgresConnection:
         self._url = url
         self._sql: dict[str, str] = {}
         self._lock = threading.Lock()
-        self._holding = False
+        self._holding: bool | None = None
+        """None: not held; else whether held shared (:meth:`hold`)."""
         self._conn = self._connect()
 
     def _connect(self) -> Any:
@@ -169,8 +171,8 @@ class PostgresConnection:
             # elsewhere can take the database.
             for name, value in (("idle", 10), ("interval", 5), ("count", 3)):
                 conn.execute(f"SET tcp_keepalives_{name} = {value}")
-            if self._holding:
-                self._hold(conn)  # again, on a new connection: the old one's lock went with it
+            if self._holding is not None:
+                self._hold(conn, self._holding)  # again, on a new connection: the old one's lock went with it
         except BaseException as exc:
             conn.close()
             if isinstance(exc, self._psycopg.Error):
@@ -178,22 +180,29 @@ class PostgresConnection:
             raise
         return conn
 
-    def hold(self) -> None:
-        """Take the database for this braid alone, for as long as the connection lives (and again
-        on each new one); :class:`StoreUnavailable` when another braid holds it. Until the batch
-        runner shares jobs between replicas, two braids on one database would each see the
-        other's files without their bytes and run each other's jobs."""
+    def hold(self, *, shared: bool = False) -> None:
+        """Take the database for as long as the connection lives (and again on each new one):
+        for this braid alone, or with ``shared`` beside the other replicas of ``--store-shared``
+        (a shared advisory lock, which the exclusive one excludes both ways);
+        :class:`DatabaseHeld` when a braid it cannot share with has it. Without
+        ``--store-shared``, two braids on one database would each see the other's files and run
+        each other's jobs after a restart."""
         with self._lock:
-            self._hold(self._conn)
-            self._holding = True
+            self._hold(self._conn, shared)
+            self._holding = shared
 
-    def _hold(self, conn: Any) -> None:
+    def _hold(self, conn: Any, shared: bool) -> None:
+        take = "pg_try_advisory_lock_shared" if shared else "pg_try_advisory_lock"
         try:
-            taken = conn.execute("SELECT pg_try_advisory_lock(%s)", (_HOLDER_LOCK,)).fetchone()[0]
+            taken = conn.execute(f"SELECT {take}(%s)", (_HOLDER_LOCK,)).fetchone()[0]
         except self._psycopg.Error as exc:
             raise StoreUnavailable(f"the store's database failed: {exc}") from exc
         if not taken:
-            raise DatabaseHeld("another braid uses this database; replicas cannot share one yet (docs/batch.md)")
+            if shared:
+                raise DatabaseHeld("a braid without --store-shared uses this database (docs/batch.md)")
+            raise DatabaseHeld(
+                "another braid uses this database; replicas share one with --store-shared (docs/batch.md)"
+            )
 
     def _translate(self, sql: str) -> str:
         found = self._sql.get(sql)
