@@ -37,6 +37,7 @@ SECTIONS = (
     "load",
     "sizing",
     "replicas",
+    "shared_jobs",
 )
 
 

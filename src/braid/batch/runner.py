@@ -192,16 +192,26 @@ def read_done(path: Path) -> tuple[set[int], int]:
     return done, rows
 
 
-def _read_chunk(path: Path, first: int, end: int) -> list[tuple[int, bytes]]:
-    """The lines numbered ``first .. end - 1`` of a file that are not blank; for a worker thread."""
+def _read_chunk(
+    path: Path, first: int, end: int, known: tuple[int, int] = (1, 0)
+) -> tuple[list[tuple[int, bytes]], tuple[int, int]]:
+    """The lines numbered ``first .. end - 1`` of a file that are not blank, and where line
+    ``end`` starts (its number and byte offset); for a worker thread. ``known``: where a line at
+    or before ``first`` starts, read from there (a replica claims a job's chunks mostly in order,
+    so each read starts where the last ended, not at the top of the file)."""
+    number, offset = known if known[0] <= first else (1, 0)
     found = []
     with open(path, "rb") as source:
-        for number, raw in numbered_lines(source):
-            if number >= end:
+        source.seek(offset)
+        while number < end:
+            raw = source.readline()
+            if not raw:
                 break
-            if number >= first:
+            if number >= first and raw.strip():
                 found.append((number, raw))
-    return found
+            number += 1
+            offset += len(raw)
+    return found, (number, offset)
 
 
 def open_binary(path: Path, mode: str) -> BinaryIO:
@@ -620,11 +630,12 @@ class BatchRunner:
             nursery.start_soon(self._write_shared, job, receive, chunks)
             async with send:
                 groups = _Groups(self, job, prepare, view, nursery, send, on_start=chunks.started)
+                known = (1, 0)
                 try:
                     while (chunk := await store.claim_chunk(record.id, self.holder, options.batch_lease)) is not None:
                         first, end = chunk_lines(chunk, chunks.size)
                         written = await store.row_lines(record.id, first, end)
-                        lines = await trio.to_thread.run_sync(_read_chunk, source, first, end)
+                        lines, known = await trio.to_thread.run_sync(_read_chunk, source, first, end, known)
                         checker = LineChecker(record.endpoint, _any_body)
                         for number, raw in lines:
                             found = checker(number, raw)
