@@ -21,7 +21,9 @@ from tools.servers import ServerProcess
 
 LEASE = 3
 SHARED = ("--store-shared", "--batch-chunk-lines", "20", "--batch-lease", str(LEASE))
-SLOW = ("--token-delay", "0.01", "--max-in-flight-requests", "8")
+SLOW = ("--token-delay", "0.02", "--max-in-flight-requests", "8")
+"""About 50 lines a second per replica: a job of 600 lasts long enough for the other replica to
+find it (every 2 s) and run its share, however loaded the machine."""
 
 
 def _lines_done(server: ServerProcess) -> float:
@@ -72,7 +74,7 @@ def test_a_job_is_shared_and_a_killed_replicas_lines_are_taken_over(
     pair: tuple[ServerProcess, ServerProcess], tmp_path: Path, database: str
 ) -> None:
     a, b = pair
-    total = 300
+    total = 600
     job = _job(_client(a), total)
     # both replicas run lines of the job made on a (b finds it within its look, every 2 s)
     _until(lambda: _lines_done(a) >= 20 and _lines_done(b) >= 20, 30, "both replicas ran lines")
@@ -113,7 +115,7 @@ def test_a_cancel_on_one_replica_stops_the_lines_of_both(pair: tuple[ServerProce
 
 def test_a_replica_drained_mid_job_gives_its_lines_back(pair: tuple[ServerProcess, ServerProcess]) -> None:
     a, b = pair
-    total = 300
+    total = 600
     job = _job(_client(a), total)
     _until(lambda: _lines_done(a) >= 20 and _lines_done(b) >= 20, 30, "both replicas ran lines")
     b.proc.terminate()  # SIGTERM: b drains, its chunks are given back for a to take at once
