@@ -498,20 +498,27 @@ def test_kill_9_and_restart_keep_files_and_jobs(tmp_path: Path, database: str | 
             _client(server, KEY_B).batches.retrieve(job.id)
 
 
+def _job_killed_after(server: ServerProcess, data: bytes, completed: int) -> tuple[Any, Any]:
+    """A completions job of ``data`` made on ``server`` (its input file and the job), then the
+    server killed with SIGKILL once ``completed`` lines are done."""
+    client = _client(server)
+    source = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+    job = client.batches.create(input_file_id=source.id, endpoint="/v1/completions", completion_window="24h")
+    deadline = time.monotonic() + 20
+    while (progress := client.batches.retrieve(job.id).request_counts) is None or progress.completed < completed:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    server.proc.kill()
+    server.proc.wait()
+    return source, job
+
+
 def test_a_job_killed_mid_way_resumes_with_every_line_once(tmp_path: Path, database: str | None) -> None:
     total = 300
     flags = ("--token-delay", "0.01", "--max-in-flight-requests", "8")
     lines = [_line(f"r{i}", {"prompt": f"p{i}", "max_tokens": 8, "seed": i}) for i in range(total)]
     with _serve(tmp_path, *flags, log="store-resume", database=database) as server:
-        client = _client(server)
-        source = client.files.create(file=("in.jsonl", io.BytesIO(_jsonl(*lines))), purpose="batch")
-        job = client.batches.create(input_file_id=source.id, endpoint="/v1/completions", completion_window="24h")
-        deadline = time.monotonic() + 20
-        while (progress := client.batches.retrieve(job.id).request_counts) is None or progress.completed < 40:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        server.proc.kill()
-        server.proc.wait()
+        job = _job_killed_after(server, _jsonl(*lines), 40)[1]
     written = (tmp_path / "jobs" / f"{job.id}.output.jsonl").read_bytes().count(b"\n")
     assert 40 <= written < total
     with _serve(tmp_path, *flags, log="store-resume", database=database) as server:
@@ -537,15 +544,7 @@ def test_on_postgresql_a_braid_on_another_disk_serves_the_files_and_ends_the_job
     lines = [_line(f"r{i}", {"prompt": f"p{i}", "max_tokens": 8, "seed": i}) for i in range(total)]
     data = _jsonl(*lines)
     with _serve(tmp_path / "a", *flags, log="store-disk", database=database) as server:
-        client = _client(server)
-        source = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
-        job = client.batches.create(input_file_id=source.id, endpoint="/v1/completions", completion_window="24h")
-        deadline = time.monotonic() + 20
-        while (progress := client.batches.retrieve(job.id).request_counts) is None or progress.completed < 20:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        server.proc.kill()
-        server.proc.wait()
+        source, job = _job_killed_after(server, data, 20)
     with _serve(tmp_path / "b", *flags, log="store-disk", database=database) as server:
         client = _client(server)
         assert client.files.content(source.id).content == data

@@ -154,6 +154,20 @@ def _any_body(body: bytes) -> None:
     return None
 
 
+async def _next_rows(receive: trio.MemoryReceiveChannel[_Item]) -> list[_Item] | None:
+    """The rows ready now, at least one; None once the channel has ended. With few, it waits
+    for more rather than pay a thread hop for each engine step's few. (Rows held here when the
+    job is cancelled are lost as those still in the channel are: their lines are not done.)"""
+    try:
+        rows = [await receive.receive()]
+    except trio.EndOfChannel:
+        return None
+    if not _take_ready(receive, rows) and len(rows) < READ_LINES // 4:
+        await trio.sleep(GATHER_ROWS)
+        _take_ready(receive, rows)
+    return rows
+
+
 def _take_ready(receive: trio.MemoryReceiveChannel[_Item], rows: list[_Item]) -> bool:
     """Add every row ready now to ``rows``; True when the channel has ended."""
     while True:
@@ -652,16 +666,7 @@ class BatchRunner:
         row is in."""
         store, batch_id = self.store, job.record.id
         async with receive:
-            ended = False
-            while not ended:
-                try:
-                    rows = [await receive.receive()]
-                except trio.EndOfChannel:
-                    break
-                ended = _take_ready(receive, rows)
-                if not ended and len(rows) < READ_LINES // 4:
-                    await trio.sleep(GATHER_ROWS)
-                    ended = _take_ready(receive, rows)
+            while (rows := await _next_rows(receive)) is not None:
                 # shielded: rows in hand are kept whole even as the job is cancelled
                 with trio.CancelScope(shield=True):
                     await store.add_rows(batch_id, rows)
@@ -755,19 +760,7 @@ class BatchRunner:
         err = await trio.to_thread.run_sync(open_binary, err_path, "ab")
         with out, err:
             async with receive:
-                ended = False
-                while not ended:
-                    try:
-                        rows = [await receive.receive()]
-                    except trio.EndOfChannel:
-                        break
-                    ended = _take_ready(receive, rows)
-                    if not ended and len(rows) < READ_LINES // 4:
-                        # A few rows now: wait for more rather than pay a thread hop for each
-                        # engine step's few. (Rows held here when the job is cancelled are
-                        # lost as those still in the channel are: their lines are not done.)
-                        await trio.sleep(GATHER_ROWS)
-                        ended = _take_ready(receive, rows)
+                while (rows := await _next_rows(receive)) is not None:
 
                     def append(rows: list[_Item] = rows) -> None:
                         for _, ok, row in rows:
