@@ -340,8 +340,10 @@ async def test_shared_chunks_are_claimed_once_and_taken_over_when_their_lease_en
 ) -> None:
     options = StoreOptions(storage_dir=str(tmp_path / "s"), database=postgres.create_database(), shared=True)
     async with open_store(options, NOW) as store:
-        await store.add_chunks("batch_x", 3)
-        await store.add_chunks("batch_x", 5)  # a second replica starting the job changes nothing
+        job = BatchRecord("batch_x", "o", "/v1/completions", "file-x", "24h", "in_progress", NOW, NOW + 10)
+        await store.add_batch(job)
+        assert await store.add_chunks("batch_x", 3)
+        assert await store.add_chunks("batch_x", 5)  # a second replica starting the job changes nothing
         claims = [await store.claim_chunk("batch_x", holder, 30) for holder in ("a", "b", "a")]
         assert claims == [0, 1, 2] and await store.claim_chunk("batch_x", "c", 30) is None
         assert await store.chunks_left("batch_x", "a") == (3, 1)
@@ -352,8 +354,6 @@ async def test_shared_chunks_are_claimed_once_and_taken_over_when_their_lease_en
         await store.chunk_done("batch_x", 1, "c")  # c lost it: nothing changes
         assert await store.chunks_left("batch_x", "d") == (3, 2)
         # rows are kept once, and the counts grow by the new ones only
-        job = BatchRecord("batch_x", "o", "/v1/completions", "file-x", "24h", "in_progress", NOW, NOW + 10)
-        await store.add_batch(job)
         await store.add_rows("batch_x", [(1, True, b"r1\n"), (2, False, b"e2\n")])
         await store.add_rows("batch_x", [(1, False, b"again\n"), (3, True, b"r3\n")])
         loaded = await store.load_batch("batch_x")
@@ -364,8 +364,12 @@ async def test_shared_chunks_are_claimed_once_and_taken_over_when_their_lease_en
         assert out.read_bytes() == b"r1\nr3\n" and err.read_bytes() == b"e2\n"
         assert await store.claim_chunk("batch_x", "a", 30, end=True) == -1
         assert await store.claim_chunk("batch_x", "b", 30, end=True) is None
+        await store.put_batch(attrs.evolve(job, status="completed"))
         await store.drop_shared("batch_x")
         assert await store.chunks_left("batch_x", "a") == (0, 0)
+        # a replica that found the job active a moment before it ended does not run it again
+        assert not await store.add_chunks("batch_x", 3)
+        assert await store.claim_chunk("batch_x", "e", 30) is None
 
 
 async def test_an_unreachable_postgresql_is_one_clear_error(tmp_path: Path) -> None:

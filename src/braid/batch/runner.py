@@ -559,7 +559,8 @@ class BatchRunner:
         elif record.status == "in_progress":
             source = await store.local_path(record.input_file_id)
             lines = await trio.to_thread.run_sync(count_lines, source)
-            await store.add_chunks(record.id, chunks_of(lines, size))
+            if not await store.add_chunks(record.id, chunks_of(lines, size)):
+                return  # ended by another replica since this one found it
             job.scope.deadline = trio.current_time() + (record.expires_at - self.now())
             try:
                 with job.scope:
@@ -597,6 +598,11 @@ class BatchRunner:
         other replica runs its lines, its rows become this replica's work files, then its files."""
         store, record, lease = self.store, job.record, self.store.options.batch_lease
         if await store.claim_chunk(record.id, self.holder, lease, end=True) is None:
+            return
+        current = await store.load_batch(record.id)
+        if current is None or current.status not in ACTIVE_STATUSES:
+            # Ended by a replica that died before it dropped the job's chunks.
+            await store.drop_shared(record.id)
             return
         out_path, err_path = store.work_path(record.id, "output"), store.work_path(record.id, "error")
         async with trio.open_nursery() as nursery:

@@ -583,16 +583,22 @@ class Store:
 
     # --- jobs shared by replicas (--store-shared: PostgreSQL) --------------------------------
 
-    async def add_chunks(self, batch_id: str, chunks: int) -> None:
-        """A job's chunks ``0 .. chunks - 1`` and its end (-1), unclaimed; those that exist
-        are left as they are (every replica that starts the job adds them)."""
+    async def add_chunks(self, batch_id: str, chunks: int) -> bool:
+        """A job's chunks ``0 .. chunks - 1`` and its end (-1), unclaimed, unless they exist
+        (every replica that starts the job adds them); False, adding none, when the job has
+        ended (a replica that found it active a moment ago must not run it again)."""
 
-        def add() -> None:
+        def add() -> bool:
             # The end is added with the rest, in one transaction: when it exists, they all do.
+            # Read before the status: the replica that ends a job stores its status, then drops
+            # its chunks, so chunks found missing here with the status still active mean a new job.
             if self._conn.execute(
                 "SELECT 1 FROM batch_chunks WHERE batch_id = ? AND chunk = -1", (batch_id,)
             ).fetchone():
-                return
+                return True
+            status = self._conn.execute("SELECT status FROM batches WHERE id = ?", (batch_id,)).fetchone()
+            if status is None or status[0] not in ACTIVE_STATUSES:
+                return False
             with self._conn.transaction():
                 for chunk in range(-1, chunks):
                     self._conn.execute(
@@ -600,8 +606,9 @@ class Store:
                         "VALUES (?, ?, NULL, 0, 0) ON CONFLICT DO NOTHING",
                         (batch_id, chunk),
                     )
+            return True
 
-        await self._call(add)
+        return await self._call(add)
 
     async def claim_chunk(self, batch_id: str, holder: str, lease: float, *, end: bool = False) -> int | None:
         """Claim for ``lease`` seconds the first chunk of the job not done and free (never
