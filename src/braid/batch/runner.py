@@ -206,6 +206,13 @@ def read_done(path: Path) -> tuple[set[int], int]:
     return done, rows
 
 
+def _steps(endpoint: str) -> tuple[Prepare, View]:
+    """A job's route: how a line is prepared (to share a group's run) and answered alone."""
+    if endpoint == "/v1/completions":
+        return completions.prepare, completions.completions
+    return chat.prepare, chat.chat_completions
+
+
 def _read_chunk(
     path: Path, first: int, end: int, known: tuple[int, int] = (1, 0)
 ) -> tuple[list[tuple[int, bytes]], tuple[int, int]]:
@@ -337,6 +344,13 @@ class _Job:
     """The server could not run a line (draining, engine dead): the job is left for the restart."""
     completed: int = 0
     failed: int = 0
+
+
+def _ended(job: _Job) -> str:
+    """How a job whose lines stopped ends: cancelled, past its window, or every line answered."""
+    if job.cancelled:
+        return "cancelled"
+    return "expired" if job.scope.cancelled_caught else "completed"
 
 
 def _store_failed(exc: BaseException) -> bool:
@@ -474,13 +488,9 @@ class BatchRunner:
                 log.info("batch %s: the server cannot run lines now; it resumes after a restart", record.id)
                 await store.set_counts(record.id, job.completed, job.failed)
                 return
-            if job.cancelled:
-                status = "cancelled"
-            elif job.scope.cancelled_caught:
-                status = "expired"
+            status = _ended(job)
+            if status == "expired":
                 await self._expire_rest(job, err_path, out_done | err_done)
-            else:
-                status = "completed"
             await self._finish(job, status, out_path, err_path)
         except FileNotFoundError:
             # The input file was deleted while the job ran (or before a restart).
@@ -520,9 +530,7 @@ class BatchRunner:
         # lines refused then have their rows already (in ``done``); a body the route refuses
         # now (the server restarted with other limits) gets the route's error when it runs.
         checker = LineChecker(record.endpoint, _any_body)
-        chat_route = record.endpoint != "/v1/completions"
-        view: View = chat.chat_completions if chat_route else completions.completions
-        prepare: Prepare = chat.prepare if chat_route else completions.prepare
+        prepare, view = _steps(record.endpoint)
         # Bounded: a line's task and the reader wait for the writer rather than hold rows.
         send, receive = trio.open_memory_channel[_Item](READ_LINES)
 
@@ -585,13 +593,7 @@ class BatchRunner:
         if job.stopped:
             log.info("batch %s: this replica cannot run lines now; its chunks are given back", record.id)
             return
-        if job.cancelled:
-            status = "cancelled"
-        elif job.scope.cancelled_caught:
-            status = "expired"
-        else:
-            status = "completed"
-        await self._end_shared(job, status)
+        await self._end_shared(job, _ended(job))
 
     async def _end_shared(self, job: _Job, status: str) -> None:
         """End the job if this replica claims its end (else another replica ends it): once no
@@ -642,9 +644,7 @@ class BatchRunner:
         """Claim the job's chunks one after another, as the pipeline has room for their lines,
         and run each line of them that has no row yet, until no chunk is free."""
         store, record, options = self.store, job.record, self.store.options
-        chat_route = record.endpoint != "/v1/completions"
-        view: View = chat.chat_completions if chat_route else completions.completions
-        prepare: Prepare = chat.prepare if chat_route else completions.prepare
+        prepare, view = _steps(record.endpoint)
         send, receive = trio.open_memory_channel[_Item](READ_LINES)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._write_shared, job, receive, chunks)
@@ -678,9 +678,7 @@ class BatchRunner:
                     await store.add_rows(batch_id, rows)
                     for chunk in chunks.written([line for line, _, _ in rows]):
                         await store.chunk_done(batch_id, chunk, self.holder)
-                completed = sum(ok for _, ok, _ in rows)
-                self.state.metrics.batch_line(True, completed)
-                self.state.metrics.batch_line(False, len(rows) - completed)
+                self._counted(rows)
 
     async def _group(
         self,
@@ -777,15 +775,20 @@ class BatchRunner:
                     # shielded: rows in hand are written whole even as the job is cancelled
                     with trio.CancelScope(shield=True):
                         await trio.to_thread.run_sync(append)
-                    completed = sum(ok for _, ok, _ in rows)
+                    completed = self._counted(rows)
                     job.completed += completed
                     job.failed += len(rows) - completed
-                    self.state.metrics.batch_line(True, completed)
-                    self.state.metrics.batch_line(False, len(rows) - completed)
                     if trio.current_time() - last >= COUNTS_EVERY:
                         last = trio.current_time()
                         with trio.CancelScope(shield=True):
                             await store.set_counts(job.record.id, job.completed, job.failed)
+
+    def _counted(self, rows: list[_Item]) -> int:
+        """Count written rows in the metrics; how many of them were answered 200."""
+        completed = sum(ok for _, ok, _ in rows)
+        self.state.metrics.batch_line(True, completed)
+        self.state.metrics.batch_line(False, len(rows) - completed)
+        return completed
 
     async def _expire_rest(self, job: _Job, err_path: Path, done: set[int]) -> None:
         """A row ``batch_expired`` for every line that has none, as OpenAI's expired batches have."""

@@ -119,8 +119,7 @@ class SqliteConnection:
 
     def _migrate(self, migrations: Sequence[Sequence[str]]) -> None:
         for number in range(self.schema_version(), len(migrations)):
-            with self._conn:  # a failed migration leaves the previous version
-                self._conn.execute("BEGIN IMMEDIATE")
+            with self.transaction():  # a failed migration leaves the previous version
                 for statement in migrations[number]:
                     self._conn.execute(statement)
                 self._conn.execute(f"PRAGMA user_version = {number + 1}")
