@@ -4,11 +4,13 @@ For each mutant: copy ``src/`` to a temporary directory, apply the mutant's exac
 (each ``old`` must occur exactly once, else the tool reports "patch did not apply" and fails: the
 server code moved and the mutant must be updated), run ``pytest property_tests`` with that copy
 first on ``PYTHONPATH`` and ``HYPOTHESIS_PROFILE=mutants``, and record which property killed it.
+The property that killed a mutant before (its ``first``) runs alone first; only if it does not
+kill it does the whole suite run (``--whole``: the whole suite at once, for every mutant).
 An unmutated copy runs first and must pass. Prints a table; exits 1 if any mutant survived or
 did not apply, or if the baseline failed. A mutant whose run fails without naming a failing test
 (a runner error) is run once more before it is reported as an error.
 
-    python tools/mutants.py [-j JOBS] [-k NAME_SUBSTRING] [--profile mutants]
+    python tools/mutants.py [-j JOBS] [-k NAME_SUBSTRING] [--profile mutants] [--whole]
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ class Mutant:
     file: str  # relative to src/braid
     patches: tuple[tuple[str, str], ...]
     what: str
+    # The property that killed it last: run alone first, so that most mutants cost one test, not
+    # the suite up to it. Only a kill counts: if it does not kill the mutant (a test renamed, a
+    # property weakened), the whole suite runs as before.
+    first: str = ""
 
 
 # run_error_as_500: the views' non-streaming run (``routes.common.collect``), answering any failure with a 500.
@@ -72,6 +78,7 @@ MUTANTS = [
             ),
         ),
         "an engine error is recorded but the sibling engine requests are not aborted",
+        first="property_tests/test_scenarios.py::test_streams_follow_the_model",
     ),
     Mutant(
         "failure_noticed_on_next_read",
@@ -84,6 +91,7 @@ MUTANTS = [
         ),
         "the engine's report of a failure is ignored: the batch is aborted only when the failing "
         "driver reads its next output (never, while the client reads nothing)",
+        first="property_tests/test_scenarios.py::test_a_failure_aborts_the_batch_while_the_reader_is_stalled",
     ),
     Mutant(
         "no_abort_on_stall",
@@ -95,12 +103,14 @@ MUTANTS = [
             ),
         ),
         "a stalled reader fails the run but its siblings keep generating",
+        first="property_tests/test_scenarios.py::test_client_and_server_events_abort_the_batch",
     ),
     Mutant(
         "second_done",
         "stream/merge.py",
         (("        return self.done\n\n    def fail", "        return self.done + self.done\n\n    def fail"),),
         "a stream without usage ends with two [DONE]",
+        first="property_tests/test_scenarios.py::test_streams_follow_the_model",
     ),
     Mutant(
         "usage_before_last_finish",
@@ -124,6 +134,7 @@ MUTANTS = [
             ),
         ),
         "the usage chunk is sent when the first choice finishes, not after the last",
+        first="property_tests/test_scenarios.py::test_streams_follow_the_model",
     ),
     Mutant(
         "usage_on_error",
@@ -135,18 +146,21 @@ MUTANTS = [
             ),
         ),
         "a failed stream sends a usage chunk before its error event",
+        first="property_tests/test_dialects.py::test_an_engine_failure_ends_with_one_error",
     ),
     Mutant(
         "error_without_done",
         "stream/merge.py",
         (("        return self.events.error(err) + self.done", "        return self.events.error(err)"),),
         "an error event is not followed by [DONE]",
+        first="property_tests/test_scenarios.py::test_streams_follow_the_model",
     ),
     Mutant(
         "index_prompt_plus_k",
         "stream/render.py",
         (("            index = prompt_idx * plan.n + delta.index", "            index = prompt_idx + delta.index"),),
         "choice index prompt_idx + k instead of prompt_idx * n + k",
+        first="property_tests/test_scenarios.py::test_streams_follow_the_model",
     ),
     Mutant(
         "prompt_tokens_per_choice",
@@ -158,6 +172,7 @@ MUTANTS = [
             ),
         ),
         "usage counts each prompt's tokens once per choice",
+        first="property_tests/test_scenarios.py::test_streams_follow_the_model",
     ),
     Mutant(
         "last_finish_reason_dropped",
@@ -169,6 +184,7 @@ MUTANTS = [
             ),
         ),
         "the finish_reason of the request's last chunk is dropped",
+        first="property_tests/test_scenarios.py::test_streams_follow_the_model",
     ),
     Mutant(
         "continuous_usage_whole_batch",
@@ -180,18 +196,21 @@ MUTANTS = [
             ),
         ),
         "continuous usage reports the whole batch's prompt tokens on every chunk",
+        first="property_tests/test_scenarios.py::test_streams_follow_the_model",
     ),
     Mutant(
         "echo_missing",
         "stream/render.py",
         (("                text = self.plan.items[prompt_idx].echo_text + text", "                text = text"),),
         "echo drops the prompt text from the first chunk",
+        first="property_tests/test_scenarios.py::test_streams_follow_the_model",
     ),
     Mutant(
         "logprobs_offset_reset",
         "stream/render.py",
         (("offset=state.offset,", "offset=0,"),),
         "every chunk's text_offset restarts at 0",
+        first="property_tests/test_scenarios.py::test_streams_follow_the_model",
     ),
     Mutant(
         "heartbeat_late",
@@ -201,12 +220,14 @@ MUTANTS = [
             ("await trio.sleep_until(since + period)", "await trio.sleep_until(since + period * 4)"),
         ),
         "the heartbeat clock ticks four periods late",
+        first="property_tests/test_scenarios.py::test_streams_follow_the_model",
     ),
     Mutant(
         "error_lost_at_end_of_channel",
         "stream/run.py",
         (("            raise self.error from None", "            return"),),
         "a run whose drivers all ended because of an error looks like a normal end",
+        first="property_tests/test_dialects.py::test_an_engine_failure_ends_with_one_error",
     ),
     Mutant(
         "slot_leak_on_abort",
@@ -219,6 +240,7 @@ MUTANTS = [
             ("            if self.ticket is not None:\n                self.ticket.close()", "            pass"),
         ),
         "an aborted driver never hands its engine slots back (and the run does not close its ticket)",
+        first="property_tests/test_scenarios.py::test_streams_follow_the_model",
     ),
     Mutant(
         "fifo_by_prompt",
@@ -231,6 +253,7 @@ MUTANTS = [
         ),
         "a request that holds slots asks again ahead of the others: slots go first come first "
         "served by prompt, so a batch takes every freed slot until it is done",
+        first="property_tests/test_admission_model.py::test_a_reserve_newcomer_passes_a_waiting_request_once",
     ),
     Mutant(
         "over_admission",
@@ -242,6 +265,7 @@ MUTANTS = [
             ),
         ),
         "one engine request more than the server's slots is let into the engine",
+        first="property_tests/test_admission_model.py::test_a_reserve_newcomer_passes_a_waiting_request_once",
     ),
     # Handing slots on before a prompt's end (Settings.handover_tokens): invariant 16.
     Mutant(
@@ -255,6 +279,7 @@ MUTANTS = [
         ),
         "a prompt hands its slots on at its first token, long before its end: the next one waits "
         "in the engine's queue for the whole of it",
+        first="property_tests/test_scenarios.py::test_engine_failures_abort_the_batch",
     ),
     Mutant(
         "handover_at_open",
@@ -267,12 +292,14 @@ MUTANTS = [
         ),
         "a prompt's slots are handed on as its engine request opens: the engine runs more requests "
         "than admission's slots",
+        first="property_tests/test_scenarios.py::test_streams_follow_the_model",
     ),
     Mutant(
         "run_error_as_500",
         "routes/common.py",
         ((OLD_RUN, NEW_RUN),),
         "the view answers every failed non-streaming run with a 500, whatever its error",
+        first="property_tests/test_scenarios.py::test_non_streaming_responses_follow_the_model",
     ),
     # Chat (braid.wire.chat_response's ChatEvents, braid.stream.merge's StreamMerger.feed, which sends
     # ChatEvents.opening on the first feed, and braid.wire.messages): the framing of role, echo and
@@ -287,12 +314,14 @@ MUTANTS = [
             ),
         ),
         "the last choice of a chat stream gets no role chunk",
+        first="property_tests/test_scenarios.py::test_chat_streams_follow_the_model",
     ),
     Mutant(
         "chat_role_repeated",
         "stream/merge.py",
         (("            self._opened = True\n", "            pass\n"),),
         "every batch of outputs is preceded by the role (and echo) chunks again",
+        first="property_tests/test_scenarios.py::test_chat_streams_follow_the_model",
     ),
     Mutant(
         "chat_role_after_content",
@@ -303,6 +332,7 @@ MUTANTS = [
             ('        return b"".join(parts)\n', '        return b"".join(parts) + late\n'),
         ),
         "the role (and echo) chunks are sent after the first outputs' content chunks",
+        first="property_tests/test_dialects.py::test_a_dialect_shows_the_chat_choice_streamed_and_whole",
     ),
     Mutant(
         "chat_echo_after_content",
@@ -323,6 +353,7 @@ MUTANTS = [
             ),
         ),
         "the echo chunks are sent after the first content chunk (the roles still first)",
+        first="property_tests/test_scenarios.py::test_chat_streams_follow_the_model",
     ),
     Mutant(
         "chat_prompt_tokens_per_choice",
@@ -338,6 +369,7 @@ MUTANTS = [
             ),
         ),
         "chat usage (its stream's usage event and its body's) counts each conversation's prompt tokens once per choice",
+        first="property_tests/test_scenarios.py::test_chat_streams_follow_the_model",
     ),
     Mutant(
         "chat_role_always_assistant",
@@ -349,12 +381,14 @@ MUTANTS = [
             ),
         ),
         "a reply that continues the final message is given the assistant role, not that message's",
+        first="property_tests/test_scenarios.py::test_chat_streams_follow_the_model",
     ),
     Mutant(
         "chat_echo_any_last_message",
         "wire/messages.py",
         (('    return last.content or "" if last.role == role else ""', '    return last.content or ""'),),
         "echo repeats the last message even when its role is not the reply's",
+        first="property_tests/test_scenarios.py::test_chat_streams_follow_the_model",
     ),
     # Chat through tool-call and reasoning parsers (issue 26): I19-I21 of model/stream.py.
     Mutant(
@@ -373,6 +407,7 @@ MUTANTS = [
         ),
         "each choice's parser is fed the outputs its reader takes (several engine steps merged for "
         "a reader that lags), as vLLM's server feeds it, instead of the engine's steps",
+        first="property_tests/test_dialects.py::test_a_dialect_shows_the_chat_choice_streamed_and_whole",
     ),
     Mutant(
         "parser_observer_off",
@@ -384,12 +419,14 @@ MUTANTS = [
             ),
         ),
         "the engine's steps never reach the parsers: a parsed stream shows nothing",
+        first="property_tests/test_dialects.py::test_a_dialect_shows_the_chat_choice_streamed_and_whole",
     ),
     Mutant(
         "joined_call_keeps_last_fragment",
         "engine/tool_calls.py",
         (('                "".join(p.arguments for p in parts),', "                parts[-1].arguments,"),),
         "a lagging reader's joined delta keeps only the last argument fragment of each call",
+        first="property_tests/test_dialects.py::test_a_dialect_shows_the_chat_choice_streamed_and_whole",
     ),
     Mutant(
         "no_tool_calls_finish",
@@ -401,6 +438,7 @@ MUTANTS = [
             ),
         ),
         "a streamed choice that called a tool keeps the engine's finish_reason",
+        first="property_tests/test_scenarios.py::test_parsed_chat_streams_follow_the_model",
     ),
     Mutant(
         "tool_calls_finish_when_cut",
@@ -412,12 +450,14 @@ MUTANTS = [
             ),
         ),
         "a streamed call cut by max_tokens finishes with tool_calls instead of length",
+        first="property_tests/test_scenarios.py::test_parsed_chat_streams_follow_the_model",
     ),
     Mutant(
         "parallel_calls_not_filtered",
         "stream/parse.py",
         (("        if delta.tool_calls and not opts.tool_choice.parallel:", "        if False:"),),
         "parallel_tool_calls false still streams every call",
+        first="property_tests/test_scenarios.py::test_parsed_calls_survive_any_split_of_the_stream",
     ),
     Mutant(
         "reasoning_not_hidden",
@@ -433,18 +473,21 @@ MUTANTS = [
             ),
         ),
         "include_reasoning false is not passed on: the reasoning is still shown",
+        first="property_tests/test_scenarios.py::test_parsed_chat_streams_follow_the_model",
     ),
     Mutant(
         "call_pieces_all_whole",
         "wire/chat_response.py",
         (("            if piece.id is not None or piece.name is not None\n", "            if True\n"),),
         "every piece of a streamed call repeats its id, type and name (null after the first)",
+        first="property_tests/test_scenarios.py::test_parsed_chat_streams_follow_the_model",
     ),
     Mutant(
         "whole_response_drops_calls",
         "stream/parse.py",
         (("            tool_calls=calls,\n        )", "            tool_calls=(),\n        )"),),
         "a whole response's message loses its tool calls",
+        first="property_tests/test_dialects.py::test_a_dialect_shows_the_chat_choice_streamed_and_whole",
     ),
     # Priority (issue 28): A2 and A3 of model/stream.py's check_server.
     Mutant(
@@ -452,12 +495,14 @@ MUTANTS = [
         "stream/admit.py",
         (("        self.priority = priority\n", "        self.priority = 0\n"),),
         "a request's priority never reaches admission: every request waits in one ring",
+        first="property_tests/test_admission_model.py::test_admission_alone_follows_the_server_rules",
     ),
     Mutant(
         "priority_reversed",
         "stream/admit.py",
         (("        return (self.background, self.priority)\n", "        return (self.background, -self.priority)\n"),),
         "admission serves the worst priority first",
+        first="property_tests/test_admission_model.py::test_admission_alone_follows_the_server_rules",
     ),
     # The background class (issue 28): A4-A6 of model/stream.py's check_server.
     Mutant(
@@ -465,6 +510,7 @@ MUTANTS = [
         "stream/admit.py",
         (("        turning = background and not self.background\n", "        turning = False\n"),),
         "a request that asks for the background class (service_tier flex) is admitted as interactive",
+        first="property_tests/test_admission_model.py::test_admission_alone_follows_the_server_rules",
     ),
     Mutant(
         "background_first",
@@ -476,12 +522,14 @@ MUTANTS = [
             ),
         ),
         "the background class's rings are served before the interactive ones",
+        first="property_tests/test_admission_model.py::test_a_background_request_waits_while_an_interactive_one_is_held_back_by_the_reserve",
     ),
     Mutant(
         "background_passes_waiting",
         "stream/admit.py",
         (("                if background and passed:\n", "                if False:\n"),),
         "a background request takes slots an interactive request held back by the reserve cannot",
+        first="property_tests/test_admission_model.py::test_a_background_request_waits_while_an_interactive_one_is_held_back_by_the_reserve",
     ),
     Mutant(
         "background_takes_reserve",
@@ -493,6 +541,7 @@ MUTANTS = [
             ),
         ),
         "a background request takes the slots kept for interactive newcomers",
+        first="property_tests/test_admission_model.py::test_admission_alone_follows_the_server_rules",
     ),
     Mutant(
         "background_uncapped",
@@ -504,6 +553,7 @@ MUTANTS = [
             ),
         ),
         "the background class is not held to --batch-max-slots",
+        first="property_tests/test_admission_model.py::test_admission_alone_follows_the_server_rules",
     ),
     Mutant(
         "background_waits_for_idle",
@@ -515,6 +565,7 @@ MUTANTS = [
             ),
         ),
         "a background request waits while any interactive request holds slots, not only while one waits",
+        first="property_tests/test_admission_model.py::test_admission_alone_follows_the_server_rules",
     ),
     # The dialects' streams (model/dialects.py, property_tests/test_dialects.py).
     Mutant(
@@ -522,6 +573,7 @@ MUTANTS = [
         "wire/responses_response.py",
         (("        self._seq += 1\n", ""),),
         "every Responses event has sequence_number 0 (R2)",
+        first="property_tests/test_dialects.py::test_a_dialect_shows_the_chat_choice_streamed_and_whole",
     ),
     Mutant(
         "responses_call_item_not_closed",
@@ -533,6 +585,7 @@ MUTANTS = [
             ),
         ),
         "a function_call item is never closed with response.output_item.done (R4, R6)",
+        first="property_tests/test_dialects.py::test_a_dialect_shows_the_chat_choice_streamed_and_whole",
     ),
     Mutant(
         "responses_error_before_opening",
@@ -546,12 +599,14 @@ MUTANTS = [
         ),
         "a Responses stream that fails before its first token is only an error event, without "
         "response.created (R3; vLLM's opens first)",
+        first="property_tests/test_dialects.py::test_an_engine_failure_ends_with_one_error",
     ),
     Mutant(
         "messages_block_not_stopped",
         "wire/anthropic_response.py",
         (('        out += _event("content_block_stop", {"type": "content_block_stop", "index": self.index})\n', ""),),
         "content blocks are never closed with content_block_stop (M3)",
+        first="property_tests/test_dialects.py::test_a_dialect_shows_the_chat_choice_streamed_and_whole",
     ),
     Mutant(
         "messages_no_message_delta",
@@ -563,6 +618,7 @@ MUTANTS = [
             ),
         ),
         "a Messages stream ends without message_delta (its stop reason and usage) (M2)",
+        first="property_tests/test_dialects.py::test_a_dialect_shows_the_chat_choice_streamed_and_whole",
     ),
 ]
 
@@ -593,7 +649,23 @@ def apply(mutant: Mutant, src: str) -> str | None:
     return None
 
 
-def run_one(mutant: Mutant | None, profile: str, python: str) -> Result:
+def _pytest(python: str, env: dict[str, str], targets: list[str]) -> tuple[int, str]:
+    proc = subprocess.run(
+        # native tracebacks: pytest's own rendering parses source with ast, which can hit
+        # CPython 3.11's "AST constructor recursion depth mismatch" in a failed run
+        [python, "-m", "pytest", *targets, "-x", "-q", "-p", "no:cacheprovider", "--tb=native"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def run_one(mutant: Mutant | None, profile: str, python: str, *, first: bool = True) -> Result:
+    """Run the property suite against ``mutant`` (None: the baseline), its ``first`` property
+    alone before the suite unless ``first`` is False."""
     name = mutant.name if mutant else "(baseline: no mutation)"
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="braid-mutant-") as tmp:
@@ -612,22 +684,16 @@ def run_one(mutant: Mutant | None, profile: str, python: str) -> Result:
             "BRAID_SRC_UNDER_TEST": src,
             "PYTHONDONTWRITEBYTECODE": "1",
         }
-        proc = subprocess.run(
-            # native tracebacks: pytest's own rendering parses source with ast, which can hit
-            # CPython 3.11's "AST constructor recursion depth mismatch" in a failed run
-            [python, "-m", "pytest", "property_tests", "-x", "-q", "-p", "no:cacheprovider", "--tb=native"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=1800,
-        )
-    out = proc.stdout + proc.stderr
+        rc, out = 0, ""
+        if mutant is not None and mutant.first and first:
+            rc, out = _pytest(python, env, [mutant.first])
+        if rc != 1 or not _FAILED.search(out):  # not killed there: the whole suite
+            rc, out = _pytest(python, env, ["property_tests"])
     took = time.monotonic() - start
     if mutant is None:
-        status = "baseline passed" if proc.returncode == 0 else "baseline FAILED"
-        return Result(name, status, "" if proc.returncode == 0 else out[-3000:], took)
-    if proc.returncode == 0:
+        status = "baseline passed" if rc == 0 else "baseline FAILED"
+        return Result(name, status, "" if rc == 0 else out[-3000:], took)
+    if rc == 0:
         return Result(name, "survived", "", took)
     tests = [t.split("::")[-1] for t in _FAILED.findall(out)]
     invariants = sorted(set(_INV.findall(out)))
@@ -643,6 +709,7 @@ def main() -> int:
     ap.add_argument("-k", default="", help="only mutants whose name contains this")
     ap.add_argument("--profile", default="mutants")
     ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--whole", action="store_true", help="the whole suite for every mutant, no property first")
     args = ap.parse_args()
     chosen = [m for m in MUTANTS if args.k in m.name]
     base = run_one(None, args.profile, args.python)
@@ -651,13 +718,15 @@ def main() -> int:
         print(base.by)
         return 1
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        results = list(pool.map(lambda m: run_one(m, args.profile, args.python), chosen))
+        results = list(pool.map(lambda m: run_one(m, args.profile, args.python, first=not args.whole), chosen))
     # A run that failed without naming a failing test gets one more try, alone: CPython 3.11's
     # "AST constructor recursion depth mismatch" can break pytest's report of a real failure.
     for i, r in enumerate(results):
         if r.status == "error":
             print(f"{r.name}: the run reported no failing test; running it again", flush=True)
-            results[i] = run_one(next(m for m in chosen if m.name == r.name), args.profile, args.python)
+            results[i] = run_one(
+                next(m for m in chosen if m.name == r.name), args.profile, args.python, first=not args.whole
+            )
     w = max(len(r.name) for r in results)
     print(f"\n{'mutant'.ljust(w)}  {'result'.ljust(20)}  {'time':>5}  killed by")
     print(f"{'-' * w}  {'-' * 20}  {'-' * 5}  {'-' * 40}")
