@@ -19,20 +19,17 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import attrs
 import httpx
 
 from bench.common import Section, percentile, table
-from tools.router import VERSION, run_router
-from tools.servers import ServerProcess, free_port, run_braid, tiny_model_dir
+from tools.router import VERSION, Replicas, run_replicas, run_router
+from tools.servers import ServerProcess
 
 LOGS = Path("/tmp/braid-bench-replicas")
-BLOCK_SIZE = 128  # vLLM's KV-cache block on its CPU build
 
 
 @attrs.frozen
@@ -99,45 +96,20 @@ def workload(url: str, replicas: tuple[ServerProcess, ...], salt: str, chats: in
     return Run(len(ttfts) / took, sum(tokens) / took, percentile(ttfts, 50) * 1e3, percentile(ttfts, 95) * 1e3, rate)
 
 
-def _kv_args(replicas: tuple[ServerProcess, ...], ports: tuple[int, ...]) -> list[str]:
-    argv = ["--kv-event-block-size", str(BLOCK_SIZE), "--kv-event-model", replicas[0].model]
-    for replica, port in zip(replicas, ports, strict=True):
-        argv += ["--kv-event-source", f"{replica.url}=tcp://127.0.0.1:{port}"]
-    return argv
-
-
-@contextmanager
-def two_replicas(logs: Path) -> Iterator[tuple[tuple[ServerProcess, ...], tuple[int, ...]]]:
-    """Two braid replicas started at once, each publishing its KV-cache events on its own port."""
-    ports = (free_port(), free_port())
-    model = tiny_model_dir()
-    with ExitStack() as stack, ThreadPoolExecutor(2) as pool:
-        started = [
-            pool.submit(
-                stack.enter_context,
-                run_braid(
-                    "--enable-server-load-tracking",
-                    "--kv-events-config",
-                    json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}"}),
-                    model_dir=model,
-                    log=logs / f"replica{i}.log",
-                ),
-            )
-            for i, port in enumerate(ports)
-        ]
-        yield tuple(f.result() for f in started), ports
-
-
-def measure(chats: int, turns: int, logs: Path = LOGS) -> dict[str, Run]:
-    """Each setup's run (:func:`workload`), by the setup's name."""
+def measure(chats: int, turns: int, logs: Path = LOGS, pair: Replicas | None = None) -> dict[str, Run]:
+    """Each setup's run (:func:`workload`), by the setup's name, on ``pair`` (two replicas that
+    publish their KV-cache events), or on two started for it."""
+    if pair is None:
+        with run_replicas(2, logs, "--enable-server-load-tracking") as started:
+            return measure(chats, turns, logs, started)
+    replicas = pair.servers[:2]
     rows: dict[str, Run] = {}
-    with two_replicas(logs) as (replicas, ports):
-        salt = str(time.monotonic_ns())
-        rows["1 replica"] = workload(replicas[0].url, replicas[:1], f"one {salt}", chats, turns)
-        for policy in ("round_robin", "cache_aware", "kv_aware"):
-            extra = _kv_args(replicas, ports) if policy == "kv_aware" else []
-            with run_router([r.url for r in replicas], policy, logs / f"{policy}.log", *extra) as router:
-                rows[f"2 replicas, {policy}"] = workload(router.url, replicas, f"{policy} {salt}", chats, turns)
+    salt = str(time.monotonic_ns())
+    rows["1 replica"] = workload(replicas[0].url, replicas[:1], f"one {salt}", chats, turns)
+    for policy in ("round_robin", "cache_aware", "kv_aware"):
+        extra = pair.kv_aware_args() if policy == "kv_aware" else []
+        with run_router([r.url for r in replicas], policy, logs / f"{policy}.log", *extra) as router:
+            rows[f"2 replicas, {policy}"] = workload(router.url, replicas, f"{policy} {salt}", chats, turns)
     return rows
 
 

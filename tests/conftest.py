@@ -15,6 +15,7 @@ import trio
 
 from tests.helpers import LiveServer, VllmServer, start_server
 from tools.postgres import Postgres, run_postgres
+from tools.router import Replicas, run_replicas
 from tools.servers import ROUTE_FLAGS, TOOL_FLAGS, ServerProcess, run_braid
 
 LORA_ADAPTER = "tiny-lora"
@@ -73,6 +74,17 @@ def lora_server(lora_adapter: Path) -> Iterator[ServerProcess]:
 # of this session's, never in the user's data directory.
 _STORE_DIR = tempfile.mkdtemp(prefix="braid-test-store-")
 os.environ.setdefault("BRAID_STORAGE_DIR", _STORE_DIR)
+
+
+@pytest.fixture(scope="session")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
+    """Three braid replicas on vLLM behind no router yet, for the router's tests
+    (tests/deploy/test_router.py) and bench/replicas.py's (tests/bench/test_replicas.py): the pair
+    the policies are shown on, publishing their KV-cache events, and a third that the drain test
+    stops. Each reports its load (``--enable-server-load-tracking``, for ``power_of_two``)."""
+    logs = tmp_path_factory.mktemp("fleet")
+    with run_replicas(3, logs, "--enable-server-load-tracking", "--graceful-timeout", "5", publishers=2) as replicas:
+        yield replicas
 
 
 @pytest.fixture(scope="session")

@@ -1,31 +1,37 @@
 """vLLM's own router (``vllm-router``, a Rust binary in a PyPI wheel) in front of braid replicas,
-for the deployment tests (tests/deploy/test_router.py).
+and the replicas to put behind it, for the deployment tests (tests/deploy/test_router.py) and
+bench/replicas.py.
 
 :func:`router_binary` finds the ``vllm-router`` console script beside this interpreter, installing
 the pinned wheel (:data:`VERSION`) with this interpreter's pip when it is missing or another
 version; :func:`run_router` starts it on a free loopback port in front of the given workers, waits
 until it answers, and stops it on exit. Its Prometheus exporter gets a free port too (its default,
-29000, would make two routers collide).
+29000, would make two routers collide). :func:`run_replicas` starts braid replicas at once.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from importlib import metadata
 from pathlib import Path
 
 import attrs
 
-from tools.servers import free_port, stop, wait_healthy
+from tools.servers import ServerProcess, free_port, run_braid, stop, tiny_model_dir, wait_healthy
 
 VERSION = "0.1.17"
 """The vllm-router release the tests run. Its ``power_of_two`` polls each worker's ``GET
 /get_load`` for ``{"load": N}``, on an interval its start-up log names (5 s, not a flag)."""
+
+BLOCK_SIZE = 128
+"""vLLM's KV-cache block on its CPU build, in tokens: what ``kv_aware`` hashes prompts by."""
 
 
 def _installed() -> str | None:
@@ -104,4 +110,49 @@ def run_router(
         stop(proc)
 
 
-__all__ = ["VERSION", "Router", "router_binary", "run_router"]
+@attrs.frozen
+class Replicas:
+    """braid replicas on the real engine (:func:`run_replicas`); the first ``len(event_ports)``
+    publish their KV-cache events, replica ``i`` on ``event_ports[i]``."""
+
+    servers: tuple[ServerProcess, ...]
+    event_ports: tuple[int, ...]
+
+    def kv_aware_args(self) -> list[str]:
+        """The router's flags for ``kv_aware`` in front of the publishing replicas: each one's
+        event endpoint, the engine's block size and the model's name (which vllm-router 0.1.17
+        requires with static sources)."""
+        argv = ["--kv-event-block-size", str(BLOCK_SIZE), "--kv-event-model", self.servers[0].model]
+        for replica, port in zip(self.servers, self.event_ports, strict=False):
+            argv += ["--kv-event-source", f"{replica.url}=tcp://127.0.0.1:{port}"]
+        return argv
+
+
+@contextmanager
+def run_replicas(count: int, logs: Path, *args: str, publishers: int | None = None) -> Iterator[Replicas]:
+    """``count`` braid replicas on the tiny model, started at once (three take about 30 s on 2
+    cores, where one alone takes 20), each with ``args``; the first ``publishers`` (all by
+    default) publish their KV-cache events on ZMQ. Logs go to ``logs/replicaI.log``."""
+    ports = tuple(free_port() for _ in range(count if publishers is None else publishers))
+    # vLLM's default topic (empty): vllm-router 0.1.17 credited no prefix from events published
+    # under another (docs/deploy.md)
+    events = [
+        (
+            "--kv-events-config",
+            json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}"}),
+        )
+        for port in ports
+    ]
+    model = tiny_model_dir()
+    with ExitStack() as stack, ThreadPoolExecutor(count) as pool:
+        started = [
+            pool.submit(
+                stack.enter_context,
+                run_braid(*args, *(events[i] if i < len(ports) else ()), model_dir=model, log=logs / f"replica{i}.log"),
+            )
+            for i in range(count)
+        ]
+        yield Replicas(tuple(f.result() for f in started), ports)
+
+
+__all__ = ["BLOCK_SIZE", "VERSION", "Replicas", "Router", "router_binary", "run_replicas", "run_router"]

@@ -4,8 +4,8 @@ real engine.
 Each replica is ``braid serve --engine vllm`` on the tiny model in its own process (its own engine
 core), with ``--enable-server-load-tracking`` so that the router's ``power_of_two`` sees its load,
 and ``--kv-events-config`` so that its engine publishes its KV-cache events for ``kv_aware``.
-The replicas start once for the module, in parallel; a router per policy starts in under a
-second (the whole module: about 60 s on 2 cores). For ``round_robin``, ``power_of_two``,
+The replicas are the session's fleet (tests/conftest.py: started once, in parallel, shared with
+tests/bench/test_replicas.py); a router per policy starts in under a second. For ``round_robin``, ``power_of_two``,
 ``cache_aware`` and ``kv_aware`` the tests show:
 
 * requests are spread over both replicas (``power_of_two``: by the load the replicas report, read
@@ -24,7 +24,6 @@ Counts come from each replica's ``braid_http_responses_total{route=...}`` and
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 import threading
@@ -37,14 +36,13 @@ import httpx
 import pytest
 
 from tests.helpers import parse_sse
-from tools.router import Router, run_router
-from tools.servers import ServerProcess, free_port, run_braid, tiny_model_dir
+from tools.router import BLOCK_SIZE, Replicas, Router, run_router
+from tools.servers import ServerProcess
 
 pytestmark = pytest.mark.vllm
 
 POLICIES = ("round_robin", "power_of_two", "cache_aware", "kv_aware")
 COMPLETIONS = "/v1/completions"
-BLOCK_SIZE = 128  # vLLM's KV-cache block on its CPU build, in tokens
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 SELECTION = re.compile(r"Power-of-two selection: (?P<a>\S+)=(?P<la>-?\d+) vs (?P<b>\S+)=(?P<lb>-?\d+) ->")
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel")
@@ -68,64 +66,20 @@ def _delta(before: list[float], replicas: tuple[ServerProcess, ...]) -> list[flo
 
 
 @pytest.fixture(scope="module")
-def event_ports() -> tuple[int, ...]:
-    """Where each of the pair publishes its KV-cache events (ZMQ), for ``kv_aware``."""
-    return free_port(), free_port()
-
-
-@pytest.fixture(scope="module")
-def fleet(
-    tmp_path_factory: pytest.TempPathFactory, event_ports: tuple[int, ...]
-) -> Iterator[tuple[ServerProcess, ...]]:
-    """Three replicas started at once (about 30 s on 2 cores, where one alone takes 20): the pair
-    the policies are shown on, publishing their KV-cache events, and a third for the drain test
-    to stop."""
-    tmp = tmp_path_factory.mktemp("router")
-    model = tiny_model_dir()
-    args = ("--enable-server-load-tracking", "--graceful-timeout", "5")
-    # vLLM's default topic (empty): vllm-router 0.1.17 credited no prefix from events published
-    # under another (docs/deploy.md)
-    events = [("--kv-events-config", json.dumps(_events_config(port))) for port in event_ports]
-    with ExitStack() as stack, ThreadPoolExecutor(3) as pool:
-        started = [
-            pool.submit(
-                stack.enter_context,
-                run_braid(*args, *(events[i] if i < 2 else ()), model_dir=model, log=tmp / f"replica{i}.log"),
-            )
-            for i in range(3)
-        ]
-        yield tuple(f.result() for f in started)
-
-
-def _events_config(port: int) -> dict[str, object]:
-    return {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}"}
-
-
-def _policy_args(policy: str, replicas: tuple[ServerProcess, ...], event_ports: tuple[int, ...]) -> list[str]:
-    """The router's flags for ``policy``: for ``kv_aware``, each replica's event endpoint, the
-    engine's block size and the model's name (which the router 0.1.17 requires with static sources)."""
-    if policy != "kv_aware":
-        return []
-    argv = ["--kv-event-block-size", str(BLOCK_SIZE), "--kv-event-model", replicas[0].model]
-    for replica, port in zip(replicas, event_ports, strict=True):
-        argv += ["--kv-event-source", f"{replica.url}=tcp://127.0.0.1:{port}"]
-    return argv
-
-
-@pytest.fixture(scope="module")
-def replicas(fleet: tuple[ServerProcess, ...]) -> tuple[ServerProcess, ...]:
-    return fleet[:2]
+def replicas(fleet: Replicas) -> tuple[ServerProcess, ...]:
+    """The pair the policies are shown on (the session's fleet: tests/conftest.py)."""
+    return fleet.servers[:2]
 
 
 @pytest.fixture(scope="module", params=POLICIES)
 def router(
     request: pytest.FixtureRequest,
     replicas: tuple[ServerProcess, ...],
-    event_ports: tuple[int, ...],
+    fleet: Replicas,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Router]:
     log = tmp_path_factory.mktemp(request.param) / "router.log"
-    extra = _policy_args(request.param, replicas, event_ports)
+    extra = fleet.kv_aware_args() if request.param == "kv_aware" else []
     with run_router([r.url for r in replicas], request.param, log, *extra) as r:
         yield r
 
@@ -291,19 +245,19 @@ def _load_client(url: str, k: int, stop: threading.Event, failures: list[str], d
 
 
 def test_a_replica_drained_behind_the_router_fails_no_request(
-    fleet: tuple[ServerProcess, ...], tmp_path_factory: pytest.TempPathFactory
+    fleet: Replicas, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """Six clients send requests through the router for 4 s; a third replica, in the router's list
     beside replica 1, gets SIGTERM after 1 s. Its in-flight requests finish; the 503s it answers
     while draining and the connections it refuses after are retried by the router on replica 1."""
-    drained = fleet[2]
+    drained = fleet.servers[2]
     # As docs/deploy.md tells operators: health checks every second, one failure enough, so the
     # router leaves a draining replica (its /health is 503) within a second; and more retries
     # than the default, for the requests sent in that second: with the defaults one request
     # whose every retry picked the stopped replica failed (1 of 163, once in CI).
     health = ("--health-check-interval-secs", "1", "--health-failure-threshold", "1", "--retry-max-retries", "10")
     with run_router(
-        [fleet[1].url, drained.url], "round_robin", tmp_path_factory.mktemp("drain") / "router.log", *health
+        [fleet.servers[1].url, drained.url], "round_robin", tmp_path_factory.mktemp("drain") / "router.log", *health
     ) as router:
         stop, failures, done = threading.Event(), [], []  # type: ignore[var-annotated]
         threads = [threading.Thread(target=_load_client, args=(router.url, k, stop, failures, done)) for k in range(6)]
@@ -348,14 +302,14 @@ def _multi_turn_chats(url: str, salt: str, conversations: int = 3, turns: int = 
 
 
 def test_cache_and_kv_aware_hit_the_prefix_cache_more_than_round_robin(
-    replicas: tuple[ServerProcess, ...], event_ports: tuple[int, ...], tmp_path_factory: pytest.TempPathFactory
+    replicas: tuple[ServerProcess, ...], fleet: Replicas, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """The same multi-turn chat workload through each policy (its own texts, so none finds
     another's blocks); the hit rate is read from the replicas' ``vllm:prefix_cache_*`` counters."""
     rates = {}
     for policy in ("round_robin", "cache_aware", "kv_aware"):
         log = tmp_path_factory.mktemp(f"chats-{policy}") / "router.log"
-        extra = _policy_args(policy, replicas, event_ports)
+        extra = fleet.kv_aware_args() if policy == "kv_aware" else []
         with run_router([r.url for r in replicas], policy, log, *extra) as router:
             hits, queries = _prefix_cache(replicas)
             _multi_turn_chats(router.url, salt=f"{policy} {time.monotonic_ns()}")
