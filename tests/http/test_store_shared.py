@@ -1,7 +1,8 @@
 """Replicas sharing batch jobs (``--store-shared``): two ``braid serve --engine scripted`` on one
 real PostgreSQL database, each with its own ``--storage-dir``, reached with the ``openai``
 client. A job made on one is run by both; one replica killed mid-job leaves no line undone or
-done twice; a cancel made on one stops the lines of both."""
+done twice; a cancel made on one stops the lines of both; a job moved from one braid to
+replicas and back runs each line once."""
 
 from __future__ import annotations
 
@@ -156,3 +157,38 @@ def test_shared_needs_postgresql() -> None:
 
 
 __all__ = ["KEY_A"]
+
+
+def test_a_job_moved_to_shared_replicas_and_back_runs_each_line_once(tmp_path: Path, database: str) -> None:
+    """One braid runs a job, is restarted with --store-shared (scaled out), then without it:
+    each time the rows written so far move with the job (the work files to the database, then
+    back), so no line runs twice and the counts stay exact."""
+    total = 400
+    slack = 16  # lines that may end between a braid's last look at /metrics and its drain
+
+    def run_until(flags: tuple[str, ...], name: str, done: int) -> float:
+        """Serve ``a``'s disk with ``flags`` until it has run ``done`` lines; drain; what it ran."""
+        with _serve(tmp_path / "a", *flags, *SLOW, log=name, database=database) as server:
+            _until(lambda: _lines_done(server) >= done, 60, f"{name} ran {done} lines")
+            ran = _lines_done(server)
+            server.proc.terminate()
+            server.proc.wait(30)
+        return ran
+
+    with _serve(tmp_path / "a", *SLOW, log="moved-alone", database=database) as alone:
+        job_id = _job(_client(alone), total).id
+        _until(lambda: _lines_done(alone) >= 100, 60, "the job ran alone")
+        ran = [_lines_done(alone)]
+        alone.proc.terminate()
+        alone.proc.wait(30)
+    ran.append(run_until(SHARED, "moved-shared", 60))
+    with _serve(tmp_path / "a", *SLOW, log="moved-back", database=database) as back:
+        job = _wait(_client(back), job_id, within=60)
+        ran.append(_lines_done(back))
+        assert (job.status, job.request_counts.completed, job.request_counts.failed) == ("completed", total, 1)
+        rows = _rows(_client(back), job.output_file_id)
+        assert sorted(r["custom_id"] for r in rows) == sorted(f"r{i}" for i in range(total))
+        assert [e["error"]["code"] for e in _rows(_client(back), job.error_file_id)] == ["invalid_json"]
+    # No line ran twice: a line is counted once its row is written, and a line the next braid ran
+    # again would be counted twice. (Lines that end between a look and the drain are not counted.)
+    assert total - 2 * slack <= sum(ran) <= total, ran

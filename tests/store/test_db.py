@@ -372,6 +372,32 @@ async def test_shared_chunks_are_claimed_once_and_taken_over_when_their_lease_en
         assert await store.claim_chunk("batch_x", "e", 30) is None
 
 
+async def test_adopted_rows_are_kept_once_and_make_the_counts_exact_while_the_job_is_active(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    options = StoreOptions(storage_dir=str(tmp_path / "s"), database=postgres.create_database(), shared=True)
+    async with open_store(options, NOW) as store:
+        job = BatchRecord("batch_y", "o", "/v1/completions", "file-y", "24h", "in_progress", NOW, NOW + 10)
+        # counts as one braid alone left them: 3 rows in its work files, whatever a replica adds
+        await store.add_batch(attrs.evolve(job, counts=RequestCounts(5, 2, 1)))
+        assert not await store.was_shared("batch_y")
+        await store.add_rows("batch_y", [(2, True, b"r2 replica\n"), (4, True, b"r4\n")])
+        await store.adopt_rows("batch_y", [(1, True, b"r1\n"), (2, True, b"r2\n"), (3, False, b"e3\n")])
+        loaded = await store.load_batch("batch_y")
+        assert loaded is not None and loaded.counts == RequestCounts(5, 3, 1)
+        assert await store.was_shared("batch_y")
+        out, err = tmp_path / "out", tmp_path / "err"
+        assert await store.write_rows("batch_y", out, err) == (3, 1)
+        assert out.read_bytes() == b"r1\nr2 replica\nr4\n" and err.read_bytes() == b"e3\n"
+        # a job that has ended gets no rows and keeps its counts
+        await store.put_batch(attrs.evolve(job, status="completed", counts=RequestCounts(5, 4, 1)))
+        await store.drop_shared("batch_y")
+        await store.adopt_rows("batch_y", [(5, True, b"r5\n")])
+        loaded = await store.load_batch("batch_y")
+        assert loaded is not None and loaded.counts == RequestCounts(5, 4, 1)
+        assert not await store.was_shared("batch_y")
+
+
 async def test_an_unreachable_postgresql_is_one_clear_error(tmp_path: Path) -> None:
     options = StoreOptions(storage_dir=str(tmp_path / "store"), database=f"postgresql://nobody@/x?host={tmp_path}")
     with pytest.raises(StoreError, match="--store"):

@@ -445,6 +445,7 @@ class BatchRunner:
         # Not running here (no runner yet, or it stopped): end it now with the rows written.
         job = _Job(cancelling, cancelled=True)
         store = self.store
+        await self._take_back(record)
         out_path, err_path = store.work_path(record.id, "output"), store.work_path(record.id, "error")
         _, job.completed = await trio.to_thread.run_sync(read_done, out_path)
         _, job.failed = await trio.to_thread.run_sync(read_done, err_path)
@@ -476,6 +477,7 @@ class BatchRunner:
             if self.shared:
                 await self._run_shared(job)
                 return
+            await self._take_back(record)
             out_done, job.completed = await trio.to_thread.run_sync(read_done, out_path)
             err_done, job.failed = await trio.to_thread.run_sync(read_done, err_path)
             if record.status == "cancelling":
@@ -559,9 +561,49 @@ class BatchRunner:
 
     # --- jobs shared by replicas (--store-shared; see braid.batch.shared) ---------------------
 
+    async def _adopt(self, record: BatchRecord) -> None:
+        """Rows this braid wrote for the job in its work files (it ran the job before it shared
+        it, or has just refused some of its lines at creation) go to the database, each line
+        once, with the job's counts made exact; the files go. So a job moved to replicas
+        (restarted with ``--store-shared``) runs none of its lines again."""
+        paths = (self.store.work_path(record.id, "output"), self.store.work_path(record.id, "error"))
+
+        def read() -> list[tuple[int, bool, bytes]]:
+            rows: list[tuple[int, bool, bytes]] = []
+            for path, ok in zip(paths, (True, False), strict=True):
+                read_done(path)  # cuts a row torn by a crash off the file
+                rows += read_rows(path, ok)
+            return rows
+
+        rows = await trio.to_thread.run_sync(read)
+        if rows:
+            await self.store.adopt_rows(record.id, rows)
+
+            def unlink() -> None:
+                for path in paths:
+                    path.unlink(missing_ok=True)
+
+            await trio.to_thread.run_sync(unlink)
+
+    async def _take_back(self, record: BatchRecord) -> None:
+        """A job that replicas shared (this braid restarted without ``--store-shared``): its rows,
+        this braid's work files' among them, become its work files, and the database forgets
+        its chunks and rows. The job then resumes here as any other, each line once."""
+        if not await self.store.was_shared(record.id):
+            return
+        await self._adopt(record)
+        out_path, err_path = self.store.work_path(record.id, "output"), self.store.work_path(record.id, "error")
+        completed, failed = await self.store.write_rows(record.id, out_path, err_path)
+        await self.store.set_counts(record.id, completed, failed)
+        await self.store.drop_shared(record.id)
+        log.info(
+            "batch %s: shared by replicas before, it now runs here alone (%d rows kept)", record.id, completed + failed
+        )
+
     async def _run_shared(self, job: _Job) -> None:
         store, record, options = self.store, job.record, self.store.options
         size, lease = options.batch_chunk_lines, options.batch_lease
+        await self._adopt(record)
         if record.status == "cancelling":
             job.cancelled = True
         elif record.status == "in_progress":

@@ -27,6 +27,12 @@ is run by the replica that holds its chunk:
   ends the same way, ``expired``, its lines without a row given ``batch_expired`` rows.
 * **Draining.** A replica that stops (drain, engine dead) gives its chunks back at once, for the
   others to take.
+* **Moving a job.** A braid that ran a job alone and is restarted with ``--store-shared`` puts
+  the rows of its work files into ``batch_rows`` before it runs the job (the counts then
+  recounted from the rows), so no replica runs those lines again. A braid restarted without
+  the flag takes a shared job back: every row, its own work files' among them, into its work
+  files, the counts from them, and the job's chunks and rows dropped; it then resumes the job
+  as its own. (A job that has ended takes no rows.)
 """
 
 from __future__ import annotations

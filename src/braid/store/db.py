@@ -690,6 +690,47 @@ class Store:
 
         await self._call(add)
 
+    async def adopt_rows(self, batch_id: str, rows: Sequence[tuple[int, bool, bytes]]) -> None:
+        """Rows a braid wrote for a job before it shared it (its work files), kept as
+        :meth:`add_rows` keeps them; the job's counts become its rows' (they counted the same
+        rows, and any a replica added meanwhile). Nothing, if the job has ended."""
+
+        def adopt() -> None:
+            with self._conn.transaction():
+                # The job's row locked first: a job ended meanwhile (its rows written to its files
+                # and dropped) must not get rows or counts again.
+                status = self._conn.execute(
+                    "SELECT status FROM batches WHERE id = ? FOR UPDATE", (batch_id,)
+                ).fetchone()
+                if status is None or status[0] not in ACTIVE_STATUSES:
+                    return
+                for start in range(0, len(rows), 1000):
+                    page = rows[start : start + 1000]
+                    self._conn.execute(
+                        "INSERT INTO batch_rows (batch_id, line, ok, row) "
+                        "SELECT ?, * FROM unnest(?::bigint[], ?::bigint[], ?::bytea[]) ON CONFLICT DO NOTHING",
+                        (batch_id, [r[0] for r in page], [int(r[1]) for r in page], [r[2] for r in page]),
+                    )
+                self._conn.execute(
+                    "UPDATE batches SET completed = (SELECT count(*) FROM batch_rows WHERE batch_id = ? AND ok = 1), "
+                    "failed = (SELECT count(*) FROM batch_rows WHERE batch_id = ? AND ok = 0) WHERE id = ?",
+                    (batch_id, batch_id, batch_id),
+                )
+
+        await self._call(adopt)
+
+    async def was_shared(self, batch_id: str) -> bool:
+        """Whether replicas sharing the job have left chunks or rows of it (the job is then
+        run by one braid: its rows are taken out with :meth:`write_rows`)."""
+        row = await self._call(
+            lambda: self._conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM batch_chunks WHERE batch_id = ?) "
+                "OR EXISTS (SELECT 1 FROM batch_rows WHERE batch_id = ?)",
+                (batch_id, batch_id),
+            ).fetchone()
+        )
+        return bool(row[0])
+
     async def row_lines(self, batch_id: str, first: int, end: int) -> set[int]:
         """The line numbers in ``first .. end - 1`` that have a row."""
         rows = await self._call(
