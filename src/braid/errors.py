@@ -170,6 +170,11 @@ class BodyTooLarge(BraidError):
 class StorageFull(BodyTooLarge):
     """An upload would take the store past its total-space cap (``--max-storage-bytes``)."""
 
+    def __init__(self) -> None:
+        super().__init__(
+            "braid's file storage is full (braid serve --max-storage-bytes): delete files you no longer need."
+        )
+
 
 class BodyTimeout(BraidError):
     """The request body had not all arrived ``Settings.body_timeout`` seconds into reading it."""

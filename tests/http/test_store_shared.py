@@ -192,3 +192,21 @@ def test_a_job_moved_to_shared_replicas_and_back_runs_each_line_once(tmp_path: P
     # No line ran twice: a line is counted once its row is written, and a line the next braid ran
     # again would be counted twice. (Lines that end between a look and the drain are not counted.)
     assert total - 2 * slack <= sum(ran) <= total, ran
+
+
+def test_replicas_uploading_at_once_keep_the_total_space_cap(tmp_path: Path, database: str) -> None:
+    """Each replica's own count of the stored bytes is only as fresh as its last sweep; the
+    upload that would pass the cap is refused by the database's total, on whichever replica."""
+    with _pair(tmp_path, database, "--max-storage-bytes", "100000") as (a, b):
+        clients = (_client(a), _client(b))
+        for client in clients:  # both have swept: each counts what the database holds now
+            client.files.list()
+        stored = [clients[0].files.create(file=("a", io.BytesIO(b"z" * 60_000)), purpose="batch").id]
+        with pytest.raises(openai.APIStatusError) as refused:
+            stored.append(clients[1].files.create(file=("b", io.BytesIO(b"z" * 60_000)), purpose="batch").id)
+        assert refused.value.status_code == 413 and "--max-storage-bytes" in refused.value.message
+        assert [f.id for f in clients[1].files.list()] == stored
+        # the room comes back with the file (on the replica that deleted it at once; the other
+        # sees it at its next sweep)
+        clients[0].files.delete(stored[0])
+        clients[0].files.delete(clients[0].files.create(file=("c", io.BytesIO(b"z" * 60_000)), purpose="batch").id)

@@ -86,9 +86,7 @@ class _Upload:
         if self.written + size > cap:
             raise BodyTooLarge(f"The file is larger than the limit of {cap} bytes (braid serve --max-file-bytes).")
         if not self.store.reserve(size):
-            raise StorageFull(
-                "braid's file storage is full (braid serve --max-storage-bytes): delete files you no longer need."
-            )
+            raise StorageFull()
         self.reserved += size
         self.written += size
 
@@ -152,7 +150,7 @@ async def upload(
             created_at=now,
             expires_at=_expiry(reader.fields, now, store.options.file_retention),
         )
-        await store.add_file(record)
+        await store.add_file(record, capped=True)
     except BaseException:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(lambda: temp.unlink(missing_ok=True))

@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
-from braid.errors import StoreUnavailable
+from braid.errors import StorageFull, StoreUnavailable
 from braid.store.options import StoreOptions
 from braid.store.records import (
     ACTIVE_STATUSES,
@@ -57,7 +57,7 @@ from braid.store.records import (
     RequestCounts,
     StoredResponse,
 )
-from braid.store.sql import Connection, DatabaseHeld, StoreError, connect
+from braid.store.sql import FILES_LOCK, Connection, DatabaseHeld, StoreError, connect
 
 T = TypeVar("T")
 
@@ -327,22 +327,31 @@ class Store:
 
     # --- files ------------------------------------------------------------------------------
 
-    async def add_file(self, record: FileRecord, *, written: Path | None = None) -> None:
+    async def add_file(self, record: FileRecord, *, written: Path | None = None, capped: bool = False) -> None:
         """Store a file whose bytes are at ``written`` (default: its :meth:`temp_path`): the bytes
         are moved into place, then the row is inserted (on PostgreSQL with the bytes' parts, in
-        one transaction: a file is never listed whose bytes another braid cannot read)."""
+        one transaction: a file is never listed whose bytes another braid cannot read).
+
+        ``capped`` (an upload, which :meth:`reserve` counted against this braid's view of the
+        total): with ``--store-shared``, the cap is checked again against the database's total,
+        under a lock the replicas share, and a file that would pass it raises
+        :class:`~braid.errors.StorageFull`, stored nowhere. (Each replica's own view is only as
+        fresh as its last sweep, so two uploads at once on two replicas could both fit it.)"""
         source = written or self.temp_path(record.id)
+        check = capped and self.options.shared
 
         def add() -> None:
             os.replace(source, self.path(record.id))
             try:
                 with self._conn.transaction():
+                    if check:
+                        self._check_cap(record.bytes)
                     if self._parts:
                         self._put_parts(record.id, self.path(record.id))
                     self._conn.execute(
                         f"INSERT INTO files ({_FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)", attrs.astuple(record)
                     )
-            except StoreUnavailable:
+            except (StoreUnavailable, StorageFull):
                 # No row: the bytes must not stay (the open's sweep would find them only at the
                 # next start, and they count against no cap meanwhile).
                 self.path(record.id).unlink(missing_ok=True)
@@ -350,6 +359,15 @@ class Store:
             self._used += record.bytes
 
         await self._call(add)
+
+    def _check_cap(self, size: int) -> None:
+        """In an open transaction: wait for the replicas' files lock (held to the transaction's
+        end, so the next upload counts this one), then refuse ``size`` more bytes past the cap."""
+        self._conn.execute("SELECT pg_advisory_xact_lock(?)", (FILES_LOCK,))
+        (used,) = self._conn.execute("SELECT COALESCE(SUM(bytes), 0) FROM files").fetchone()
+        self._used = int(used)
+        if self._used + size > self.options.max_storage_bytes:
+            raise StorageFull()
 
     def _put_parts(self, file_id: str, path: Path) -> None:
         """A file's bytes into ``file_parts`` (at least one part: an empty file has one empty

@@ -142,6 +142,9 @@ def postgres_ddl(statement: str) -> str:
 
 _MIGRATION_LOCK = 0x627261696400  # pg_advisory_xact_lock's key for braid's migrations ("braid\0")
 _HOLDER_LOCK = 0x627261696401  # pg_try_advisory_lock's key of the braid that uses the database
+FILES_LOCK = 0x627261696402
+"""pg_advisory_xact_lock's key under which replicas sharing a database add uploaded files, so
+that the total-space cap is checked against the database's own total, one upload at a time."""
 
 
 class PostgresConnection:
@@ -263,6 +266,7 @@ def connect(url: str | None, root: Path) -> Connection:
 
 
 __all__ = [
+    "FILES_LOCK",
     "Connection",
     "DatabaseHeld",
     "Cursor",
