@@ -6,7 +6,7 @@ are their own."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -335,67 +335,77 @@ async def test_shared_replicas_open_one_database_together_and_exclude_a_lone_bra
         StoreOptions(shared=True)
 
 
-async def test_shared_chunks_are_claimed_once_and_taken_over_when_their_lease_ends(
-    tmp_path: Path, postgres: Postgres
-) -> None:
+@pytest.fixture
+async def shared_store(tmp_path: Path, postgres: Postgres) -> AsyncIterator[Store]:
+    """A store of ``--store-shared``, on a database of its own."""
     options = StoreOptions(storage_dir=str(tmp_path / "s"), database=postgres.create_database(), shared=True)
     async with open_store(options, NOW) as store:
-        job = BatchRecord("batch_x", "o", "/v1/completions", "file-x", "24h", "in_progress", NOW, NOW + 10)
-        await store.add_batch(job)
-        assert await store.add_chunks("batch_x", 3)
-        assert await store.add_chunks("batch_x", 5)  # a second replica starting the job changes nothing
-        claims = [await store.claim_chunk("batch_x", holder, 30) for holder in ("a", "b", "a")]
-        assert claims == [0, 1, 2] and await store.claim_chunk("batch_x", "c", 30) is None
-        assert await store.chunks_left("batch_x", "a") == (3, 1)
-        await store.release_chunks("batch_x", "b")
-        assert await store.claim_chunk("batch_x", "c", 0.2) == 1  # given back: taken at once
-        await trio.sleep(0.3)
-        assert await store.claim_chunk("batch_x", "d", 30) == 1  # c's lease ran out
-        await store.chunk_done("batch_x", 1, "c")  # c lost it: nothing changes
-        assert await store.chunks_left("batch_x", "d") == (3, 2)
-        # rows are kept once, and the counts grow by the new ones only
-        await store.add_rows("batch_x", [(1, True, b"r1\n"), (2, False, b"e2\n")])
-        await store.add_rows("batch_x", [(1, False, b"again\n"), (3, True, b"r3\n")])
-        loaded = await store.load_batch("batch_x")
-        assert loaded is not None and loaded.counts == RequestCounts(0, 2, 1)
-        assert await store.row_lines("batch_x", 1, 3) == {1, 2}
-        out, err = tmp_path / "out", tmp_path / "err"
-        assert await store.write_rows("batch_x", out, err) == (2, 1)
-        assert out.read_bytes() == b"r1\nr3\n" and err.read_bytes() == b"e2\n"
-        assert await store.claim_chunk("batch_x", "a", 30, end=True) == -1
-        assert await store.claim_chunk("batch_x", "b", 30, end=True) is None
-        await store.put_batch(attrs.evolve(job, status="completed"))
-        await store.drop_shared("batch_x")
-        assert await store.chunks_left("batch_x", "a") == (0, 0)
-        # a replica that found the job active a moment before it ended does not run it again
-        assert not await store.add_chunks("batch_x", 3)
-        assert await store.claim_chunk("batch_x", "e", 30) is None
+        yield store
+
+
+def _active_job(batch_id: str) -> BatchRecord:
+    return BatchRecord(batch_id, "o", "/v1/completions", "file-x", "24h", "in_progress", NOW, NOW + 10)
+
+
+async def test_shared_chunks_are_claimed_once_and_taken_over_when_their_lease_ends(
+    tmp_path: Path, shared_store: Store
+) -> None:
+    store = shared_store
+    job = _active_job("batch_x")
+    await store.add_batch(job)
+    assert await store.add_chunks("batch_x", 3)
+    assert await store.add_chunks("batch_x", 5)  # a second replica starting the job changes nothing
+    claims = [await store.claim_chunk("batch_x", holder, 30) for holder in ("a", "b", "a")]
+    assert claims == [0, 1, 2] and await store.claim_chunk("batch_x", "c", 30) is None
+    assert await store.chunks_left("batch_x", "a") == (3, 1)
+    await store.release_chunks("batch_x", "b")
+    assert await store.claim_chunk("batch_x", "c", 0.2) == 1  # given back: taken at once
+    await trio.sleep(0.3)
+    assert await store.claim_chunk("batch_x", "d", 30) == 1  # c's lease ran out
+    await store.chunk_done("batch_x", 1, "c")  # c lost it: nothing changes
+    assert await store.chunks_left("batch_x", "d") == (3, 2)
+    # rows are kept once, and the counts grow by the new ones only
+    await store.add_rows("batch_x", [(1, True, b"r1\n"), (2, False, b"e2\n")])
+    await store.add_rows("batch_x", [(1, False, b"again\n"), (3, True, b"r3\n")])
+    loaded = await store.load_batch("batch_x")
+    assert loaded is not None and loaded.counts == RequestCounts(0, 2, 1)
+    assert await store.row_lines("batch_x", 1, 3) == {1, 2}
+    out, err = tmp_path / "out", tmp_path / "err"
+    assert await store.write_rows("batch_x", out, err) == (2, 1)
+    assert out.read_bytes() == b"r1\nr3\n" and err.read_bytes() == b"e2\n"
+    assert await store.claim_chunk("batch_x", "a", 30, end=True) == -1
+    assert await store.claim_chunk("batch_x", "b", 30, end=True) is None
+    await store.put_batch(attrs.evolve(job, status="completed"))
+    await store.drop_shared("batch_x")
+    assert await store.chunks_left("batch_x", "a") == (0, 0)
+    # a replica that found the job active a moment before it ended does not run it again
+    assert not await store.add_chunks("batch_x", 3)
+    assert await store.claim_chunk("batch_x", "e", 30) is None
 
 
 async def test_adopted_rows_are_kept_once_and_make_the_counts_exact_while_the_job_is_active(
-    tmp_path: Path, postgres: Postgres
+    tmp_path: Path, shared_store: Store
 ) -> None:
-    options = StoreOptions(storage_dir=str(tmp_path / "s"), database=postgres.create_database(), shared=True)
-    async with open_store(options, NOW) as store:
-        job = BatchRecord("batch_y", "o", "/v1/completions", "file-y", "24h", "in_progress", NOW, NOW + 10)
-        # counts as one braid alone left them: 3 rows in its work files, whatever a replica adds
-        await store.add_batch(attrs.evolve(job, counts=RequestCounts(5, 2, 1)))
-        assert not await store.was_shared("batch_y")
-        await store.add_rows("batch_y", [(2, True, b"r2 replica\n"), (4, True, b"r4\n")])
-        await store.adopt_rows("batch_y", [(1, True, b"r1\n"), (2, True, b"r2\n"), (3, False, b"e3\n")])
-        loaded = await store.load_batch("batch_y")
-        assert loaded is not None and loaded.counts == RequestCounts(5, 3, 1)
-        assert await store.was_shared("batch_y")
-        out, err = tmp_path / "out", tmp_path / "err"
-        assert await store.write_rows("batch_y", out, err) == (3, 1)
-        assert out.read_bytes() == b"r1\nr2 replica\nr4\n" and err.read_bytes() == b"e3\n"
-        # a job that has ended gets no rows and keeps its counts
-        await store.put_batch(attrs.evolve(job, status="completed", counts=RequestCounts(5, 4, 1)))
-        await store.drop_shared("batch_y")
-        await store.adopt_rows("batch_y", [(5, True, b"r5\n")])
-        loaded = await store.load_batch("batch_y")
-        assert loaded is not None and loaded.counts == RequestCounts(5, 4, 1)
-        assert not await store.was_shared("batch_y")
+    store = shared_store
+    job = _active_job("batch_y")
+    # counts as one braid alone left them: 3 rows in its work files, whatever a replica adds
+    await store.add_batch(attrs.evolve(job, counts=RequestCounts(5, 2, 1)))
+    assert not await store.was_shared("batch_y")
+    await store.add_rows("batch_y", [(2, True, b"r2 replica\n"), (4, True, b"r4\n")])
+    await store.adopt_rows("batch_y", [(1, True, b"r1\n"), (2, True, b"r2\n"), (3, False, b"e3\n")])
+    loaded = await store.load_batch("batch_y")
+    assert loaded is not None and loaded.counts == RequestCounts(5, 3, 1)
+    assert await store.was_shared("batch_y")
+    out, err = tmp_path / "out", tmp_path / "err"
+    assert await store.write_rows("batch_y", out, err) == (3, 1)
+    assert out.read_bytes() == b"r1\nr2 replica\nr4\n" and err.read_bytes() == b"e3\n"
+    # a job that has ended gets no rows and keeps its counts
+    await store.put_batch(attrs.evolve(job, status="completed", counts=RequestCounts(5, 4, 1)))
+    await store.drop_shared("batch_y")
+    await store.adopt_rows("batch_y", [(5, True, b"r5\n")])
+    loaded = await store.load_batch("batch_y")
+    assert loaded is not None and loaded.counts == RequestCounts(5, 4, 1)
+    assert not await store.was_shared("batch_y")
 
 
 async def test_an_unreachable_postgresql_is_one_clear_error(tmp_path: Path) -> None:
