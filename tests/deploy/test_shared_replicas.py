@@ -1,7 +1,8 @@
 """Two braid replicas on the real engine sharing batch jobs on one real PostgreSQL
 (``--store-shared``), one killed with SIGKILL mid-job: the other takes its chunks over when their
-leases end and ends the job with every line once, each answered by an engine (about 60 s on 2
-cores, most of it the replicas' start)."""
+leases end and ends the job with every line once, each answered by an engine; the killed
+replica's engine core does not outlive it (about 60 s on 2 cores, most of it the replicas'
+start)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import httpx
 import openai
 import pytest
 
+from bench.vllm_tools import engine_pids
 from tools.postgres import Postgres
 from tools.servers import ServerProcess, run_braid, tiny_model_dir
 
@@ -32,6 +34,14 @@ def _done_here(server: ServerProcess) -> float:
 def _samples(server: ServerProcess) -> dict[str, float]:
     text = httpx.get(server.url + "/metrics", timeout=5).raise_for_status().text
     return {k: float(v) for k, _, v in (line.rpartition(" ") for line in text.splitlines() if line and line[0] != "#")}
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
 
 
 def test_a_replica_killed_mid_job_leaves_every_line_to_the_other(tmp_path: Path, postgres: Postgres) -> None:
@@ -65,6 +75,8 @@ def test_a_replica_killed_mid_job_leaves_every_line_to_the_other(tmp_path: Path,
         while _done_here(a) < 50 or _done_here(b) < 50:
             assert time.monotonic() < deadline, "both replicas did not run lines of the job"
             time.sleep(0.1)
+        cores = engine_pids(b.proc)
+        assert cores, "no engine-core process under the replica"
         b.proc.kill()
         b.proc.wait()
         deadline = time.monotonic() + 300
@@ -78,3 +90,8 @@ def test_a_replica_killed_mid_job_leaves_every_line_to_the_other(tmp_path: Path,
         assert sorted(r["custom_id"] for r in rows) == sorted(f"r{i}" for i in range(LINES))
         assert all(r["response"]["body"]["usage"]["completion_tokens"] == 32 for r in rows)
         assert a.unfinished() == 0
+        # the killed replica's engine core did not outlive it (braid.engine.orphan_guard)
+        deadline = time.monotonic() + 30
+        while any(map(_running, cores)):
+            assert time.monotonic() < deadline, f"the killed replica's engine core {cores} is still running"
+            time.sleep(0.2)

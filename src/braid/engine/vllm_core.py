@@ -51,6 +51,7 @@ from braid.engine.base import (
     Observe,
     SamplingParams,
 )
+from braid.engine.orphan_guard import guarded_engine_start
 from braid.engine.vllm_common import (
     LORA_OFF,
     HfTokenizer,
@@ -613,13 +614,14 @@ async def open_core_engine(
         outputs = OutputProcessor(
             renderer.tokenizer, log_stats=log_stats, stream_interval=config.scheduler_config.stream_interval
         )
-        client = _core_client_class()(
-            asyncio_mode=False,
-            vllm_config=config,
-            executor_class=Executor.get_class(config),
-            log_stats=log_stats,
-            renderer=renderer,
-        )
+        with guarded_engine_start():  # the engine core ends with braid, even on SIGKILL
+            client = _core_client_class()(
+                asyncio_mode=False,
+                vllm_config=config,
+                executor_class=Executor.get_class(config),
+                log_stats=log_stats,
+                renderer=renderer,
+            )
         stats = VllmStats(config) if log_stats else None
         return (
             extra,
