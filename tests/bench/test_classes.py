@@ -19,7 +19,9 @@ def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespa
     port = free_port()
     log = tmp_path_factory.mktemp("classes") / "braid.log"
     argv = [sys.executable, "-m", "braid", "serve", "--engine", "scripted", "--port", str(port)]
-    argv += ["--token-delay", "0.002", "--max-in-flight-requests", "8"]
+    # A round of the load (4 requests of 64 prompts x 32 tokens on 8 slots) takes 32 x 32 token
+    # delays, 0.5 s here: a window several times that sees requests end however slow the machine.
+    argv += ["--token-delay", "0.0005", "--max-in-flight-requests", "8"]
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
         try:
@@ -34,7 +36,7 @@ def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespa
 def test_a_window_probes_beside_the_load(scripted: SimpleNamespace, background: bool) -> None:
     """The load keeps the 8 slots busy, the probe gets through, and the load's rate counts whole
     requests (about 4 s)."""
-    out = classes.window(scripted, background, seconds=1.5, seed=1, vocab=VOCAB_SIZE)
+    out = classes.window(scripted, background, seconds=2.0, seed=1, vocab=VOCAB_SIZE)
     assert len(out["probes"]) >= 2 and all(p > 0 for p in out["probes"])
     assert out["idle"] > 0
     assert out["done"] > 0 and out["done"] % classes.PROMPTS == 0
