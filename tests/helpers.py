@@ -39,6 +39,16 @@ from tools.servers import ServerProcess
 # --- SSE ------------------------------------------------------------------------------------------
 
 
+def process_running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not ended (a zombie that no one reaped has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 def parse_sse(raw: bytes) -> list[Any]:
     """SSE bytes -> events: dicts for JSON data, "[DONE]", and ":" for comments. Raises
     ValueError on anything that is not one-line vLLM-style framing. The tests and the parity tier

@@ -19,6 +19,7 @@ import openai
 import pytest
 
 from bench.vllm_tools import engine_pids
+from tests.helpers import process_running
 from tools.postgres import Postgres
 from tools.servers import ServerProcess, run_braid, tiny_model_dir
 
@@ -34,14 +35,6 @@ def _done_here(server: ServerProcess) -> float:
 def _samples(server: ServerProcess) -> dict[str, float]:
     text = httpx.get(server.url + "/metrics", timeout=5).raise_for_status().text
     return {k: float(v) for k, _, v in (line.rpartition(" ") for line in text.splitlines() if line and line[0] != "#")}
-
-
-def _running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def test_a_replica_killed_mid_job_leaves_every_line_to_the_other(tmp_path: Path, postgres: Postgres) -> None:
@@ -92,6 +85,6 @@ def test_a_replica_killed_mid_job_leaves_every_line_to_the_other(tmp_path: Path,
         assert a.unfinished() == 0
         # the killed replica's engine core did not outlive it (braid.engine.orphan_guard)
         deadline = time.monotonic() + 30
-        while any(map(_running, cores)):
+        while any(map(process_running, cores)):
             assert time.monotonic() < deadline, f"the killed replica's engine core {cores} is still running"
             time.sleep(0.2)

@@ -11,7 +11,8 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
+
+from tests.helpers import process_running
 
 # The parent starts a child that watches it as the engine core does, prints the child's pid,
 # and waits. The child ignores nothing: SIGTERM ends it.
@@ -30,14 +31,6 @@ PARENT = textwrap.dedent(
 )
 
 
-def _running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def test_a_child_that_watches_its_parent_ends_when_the_parent_is_killed() -> None:
     parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
     child = None
@@ -45,14 +38,14 @@ def test_a_child_that_watches_its_parent_ends_when_the_parent_is_killed() -> Non
         assert parent.stdout is not None
         child = int(parent.stdout.readline())
         time.sleep(1.5)  # the parent alive: the child stays
-        assert _running(child)
+        assert process_running(child)
         parent.kill()
         parent.wait()
         deadline = time.monotonic() + 10
-        while _running(child):
+        while process_running(child):
             assert time.monotonic() < deadline, "the child outlived its killed parent"
             time.sleep(0.1)
     finally:
         parent.kill()
-        if child is not None and _running(child):
+        if child is not None and process_running(child):
             os.kill(child, signal.SIGKILL)
