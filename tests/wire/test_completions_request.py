@@ -147,6 +147,11 @@ def test_empty_inner_list_names_its_index() -> None:
         ([7, 8, -1], "prompt[2]", "-1", "Bad Request", "body.prompt.2"),
         ([7, VOCAB], "prompt[1]", str(VOCAB), "BadRequestError", None),
         ([True, 1], "prompt[0]", "true", "Bad Request", "body.prompt.0"),
+        # the first bad element is named, whatever comes after it (the whole-list check fails
+        # and the element-by-element one decides)
+        ([VOCAB, "3"], "prompt[0]", str(VOCAB), "BadRequestError", None),
+        ([1, -1, [2]], "prompt[1]", "-1", "Bad Request", "body.prompt.1"),
+        ([[1], [VOCAB, [2]]], "prompt[1][1]", "list", "Bad Request", "body.prompt.0"),
     ],
     ids=repr,
 )

@@ -15,7 +15,7 @@ completions-only ones (the prompts, ``echo``, ``logprobs``, ``suffix``...).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import attrs
 import msgspec
@@ -124,6 +124,16 @@ def _type_name(value: object) -> str:
     return type(value).__name__
 
 
+def _valid_ids(values: list[object], vocab_size: int) -> tuple[int, ...] | None:
+    """``values`` as token ids when every one is an ``int`` in the vocabulary, checked in one
+    sweep (a batch's prompts are thousands of ids); None otherwise, for the caller's element by
+    element check, which names the first bad one."""
+    if not all(type(t) is int for t in values):
+        return None
+    ids = cast("list[int]", values)
+    return tuple(ids) if min(ids) >= 0 and max(ids) < vocab_size else None
+
+
 def _token_id(value: object, where: str, vocab_size: int) -> int:
     if type(value) is not int:
         raise _schema(f"{where}: token ids must be integers, got {_type_name(value)}.")
@@ -177,14 +187,18 @@ def _parse_prompt_list(value: list[object], limits: Limits) -> tuple[Prompt, ...
                 )
             if not p:
                 raise _bad(f"prompt[{i}]: the token-id list is empty (the decoder prompt cannot be empty).")
-            for j, t in enumerate(p):
-                if isinstance(t, list | dict):
-                    raise _schema(f"prompt[{i}][{j}]: token ids must be integers, got {_type_name(t)}.")
-            out.append(
-                TokenPrompt(tuple(_token_id(t, f"prompt[{i}][{j}]", limits.vocab_size) for j, t in enumerate(p)))
-            )
+            ids = _valid_ids(p, limits.vocab_size)
+            if ids is None:
+                for j, t in enumerate(p):
+                    if isinstance(t, list | dict):
+                        raise _schema(f"prompt[{i}][{j}]: token ids must be integers, got {_type_name(t)}.")
+                ids = tuple(_token_id(t, f"prompt[{i}][{j}]", limits.vocab_size) for j, t in enumerate(p))
+            out.append(TokenPrompt(ids))
         prompts = tuple(out)
     else:
+        valid = _valid_ids(value, limits.vocab_size)
+        if valid is not None:
+            return (TokenPrompt(valid),)
         ids = []
         for j, t in enumerate(value):
             if isinstance(t, str | list | dict):
