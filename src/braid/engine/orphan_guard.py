@@ -18,7 +18,9 @@ when the *thread* that started the child ends, and braid starts its engine from 
 that Trio may retire while the engine runs.
 
 This module is imported by the engine-core process itself (the target of a spawned process is
-found by its module and name), so it imports nothing of braid's and vLLM only when it runs.
+found by its module and name). It imports nothing of braid's itself, and vLLM only when it
+runs; importing it still loads its package, ``braid.engine`` and the ``braid.engine.base`` that
+package exports, which need neither vLLM nor the server.
 """
 
 from __future__ import annotations

@@ -690,14 +690,7 @@ class Store:
 
         def add() -> None:
             with self._conn.transaction():
-                # One statement for the rows, not one each (shared jobs are PostgreSQL's only):
-                # RETURNING names the rows that were new.
-                added = self._conn.execute(
-                    "INSERT INTO batch_rows (batch_id, line, ok, row) "
-                    "SELECT ?, * FROM unnest(?::bigint[], ?::bigint[], ?::bytea[]) "
-                    "ON CONFLICT DO NOTHING RETURNING ok",
-                    (batch_id, [r[0] for r in rows], [int(r[1]) for r in rows], [r[2] for r in rows]),
-                ).fetchall()
+                added = self._insert_rows(batch_id, rows)
                 completed = sum(ok for (ok,) in added)
                 failed = len(added) - completed
                 if count and (completed or failed):
@@ -707,6 +700,17 @@ class Store:
                     )
 
         await self._call(add)
+
+    def _insert_rows(self, batch_id: str, rows: Sequence[tuple[int, bool, bytes]]) -> list[tuple[int]]:
+        """In an open transaction: a job's rows, each kept once (a line that has a row keeps it);
+        the ``ok`` of each row that was new. One statement for the rows, not one each (shared
+        jobs are PostgreSQL's only)."""
+        return self._conn.execute(
+            "INSERT INTO batch_rows (batch_id, line, ok, row) "
+            "SELECT ?, * FROM unnest(?::bigint[], ?::bigint[], ?::bytea[]) "
+            "ON CONFLICT DO NOTHING RETURNING ok",
+            (batch_id, [r[0] for r in rows], [int(r[1]) for r in rows], [r[2] for r in rows]),
+        ).fetchall()
 
     async def adopt_rows(self, batch_id: str, rows: Sequence[tuple[int, bool, bytes]]) -> None:
         """Rows a braid wrote for a job before it shared it (its work files), kept as
@@ -723,12 +727,7 @@ class Store:
                 if status is None or status[0] not in ACTIVE_STATUSES:
                     return
                 for start in range(0, len(rows), 1000):
-                    page = rows[start : start + 1000]
-                    self._conn.execute(
-                        "INSERT INTO batch_rows (batch_id, line, ok, row) "
-                        "SELECT ?, * FROM unnest(?::bigint[], ?::bigint[], ?::bytea[]) ON CONFLICT DO NOTHING",
-                        (batch_id, [r[0] for r in page], [int(r[1]) for r in page], [r[2] for r in page]),
-                    )
+                    self._insert_rows(batch_id, rows[start : start + 1000])
                 self._conn.execute(
                     "UPDATE batches SET completed = (SELECT count(*) FROM batch_rows WHERE batch_id = ? AND ok = 1), "
                     "failed = (SELECT count(*) FROM batch_rows WHERE batch_id = ? AND ok = 0) WHERE id = ?",
