@@ -4,15 +4,19 @@ an interactive stream beside a running job, and a job that survives ``kill -9``.
 What is measured and how:
 
 * **Rate.** ``LINES`` lines (10,000; 2,000 with ``--quick``), each one prompt of 32 random token
-  ids, 32 tokens out (``ignore_eos``, temperature 1). Six systems, each round once, the order
+  ids, 32 tokens out (``ignore_eos``, temperature 1). Seven systems, each round once, the order
   rotating from round to round (the machine is shared and drifts):
 
   - *braid, completions job*: the lines as ``/v1/completions`` lines, uploaded to braid (defaults:
     the background class, ``--batch-max-slots`` 0 = every slot but the reserve), timed from
     ``POST /v1/batches`` until the job is seen ``completed`` (polled every 0.2 s), validation
     included; every output row is checked (a 200 with 32 tokens).
-  - *braid, each line alone*: the same, on a second braid with ``--batch-group-lines 1`` (every
-    line a request of its own, as before lines ran in groups: ``braid.batch.group``).
+  - *braid, jobs-only replica*: the same file on a second braid started with
+    ``--max-in-flight-requests`` :data:`JOBS_ONLY_IN_FLIGHT`, what docs/batch.md proposes for a
+    replica that serves jobs and no interactive users: the background class may then keep
+    that many lines in vLLM's engine, most of them waiting in its queue, so the engine refills
+    its own seats; an interactive request there would wait behind them (no isolation). Its
+    chat job too.
   - *vLLM's server* (a reference, not a target): the same token ids posted at once as JSON
     ``/v1/completions`` requests of 1,000 prompts, so its engine's queue is never empty: what an
     online server with its engine core in a process of its own reaches on this machine.
@@ -61,6 +65,8 @@ SEED = 30
 PROBE_EVERY = 0.5
 KILL_LINES = 2000
 CAPS = (16, 32)
+JOBS_ONLY_IN_FLIGHT = 1024
+"""``--max-in-flight-requests`` of the jobs-only braid: about 15 waves of vLLM's 68 seats queued."""
 ENDED = ("completed", "failed", "expired", "cancelled")
 POLL = 0.2
 """Seconds between two polls of a job's status: each is a request braid serves beside the job (at
@@ -183,7 +189,15 @@ def _rates(quick: bool, rounds: int, lines: int) -> dict[str, list[float]]:
 
     prompts = random_token_prompts(lines, PROMPT_LEN, VOCAB, SEED)
     chat_path = WORK / "batch-jobs-chat.jsonl"
-    systems = ("braid-completions", "offline", "braid-chat", "run-batch", "braid-alone", "vllm-server")
+    systems = (
+        "braid-completions",
+        "offline",
+        "braid-chat",
+        "run-batch",
+        "deep-completions",
+        "vllm-server",
+        "deep-chat",
+    )
     rates: dict[str, list[float]] = {s: [] for s in systems}
     with ExitStack() as stack:
         braid = stack.enter_context(
@@ -191,15 +205,15 @@ def _rates(quick: bool, rounds: int, lines: int) -> dict[str, list[float]]:
                 "--storage-dir", str(WORK / "batch-jobs-store"), model_dir=tiny_model_dir(), log=WORK / "batch-jobs.log"
             )
         )
-        # the same braid with every line a request of its own (before lines ran in groups)
-        alone = stack.enter_context(
+        # a replica for jobs only: lines fill vLLM's own queue (docs/batch.md, "A replica for jobs only")
+        deep = stack.enter_context(
             run_braid(
                 "--storage-dir",
-                str(WORK / "batch-jobs-store-alone"),
-                "--batch-group-lines",
-                "1",
+                str(WORK / "batch-jobs-store-deep"),
+                "--max-in-flight-requests",
+                str(JOBS_ONLY_IN_FLIGHT),
                 model_dir=tiny_model_dir(),
-                log=WORK / "batch-jobs-alone.log",
+                log=WORK / "batch-jobs-deep.log",
             )
         )
         vllm = stack.enter_context(run_vllm(model_dir=tiny_model_dir(), log=WORK / "batch-jobs-vllm.log"))
@@ -212,7 +226,7 @@ def _rates(quick: bool, rounds: int, lines: int) -> dict[str, list[float]]:
         # warm-up, not recorded: the engines' first batches of each size are slow
         warm = max(256, lines // 20)
         timed_job(client, braid, completion_lines(prompts[:warm], braid.model), "/v1/completions", warm)
-        timed_job(client, alone, completion_lines(prompts[:warm], alone.model), "/v1/completions", warm)
+        timed_job(client, deep, completion_lines(prompts[:warm], deep.model), "/v1/completions", warm)
         offline.call(op="generate", prompt_token_ids=prompts[:warm], max_tokens=TOKENS)
         warm_path = WORK / "batch-jobs-warm.jsonl"
         warm_path.write_bytes(chat_lines(_texts(prompts[:warm]), braid.model))
@@ -222,8 +236,10 @@ def _rates(quick: bool, rounds: int, lines: int) -> dict[str, list[float]]:
             for system in systems[r % len(systems) :] + systems[: r % len(systems)]:
                 if system == "braid-completions":
                     wall = timed_job(client, braid, completions, "/v1/completions", lines)["wall"]
-                elif system == "braid-alone":
-                    wall = timed_job(client, alone, completions, "/v1/completions", lines)["wall"]
+                elif system == "deep-completions":
+                    wall = timed_job(client, deep, completions, "/v1/completions", lines)["wall"]
+                elif system == "deep-chat":
+                    wall = timed_job(client, deep, chats, "/v1/chat/completions", lines)["wall"]
                 elif system == "vllm-server":
                     wall = server_requests(vllm, prompts)
                 elif system == "braid-chat":
@@ -373,9 +389,9 @@ def run(quick: bool) -> Section:
             f"{lines * TOKENS / med['braid-completions']:.1f}",
         ],
         [
-            "braid, completions job, each line alone (`--batch-group-lines 1`)",
-            f"{med['braid-alone']:,.0f}",
-            f"{lines * TOKENS / med['braid-alone']:.1f}",
+            f"braid, jobs-only replica (`--max-in-flight-requests {JOBS_ONLY_IN_FLIGHT}`), completions job",
+            f"{med['deep-completions']:,.0f}",
+            f"{lines * TOKENS / med['deep-completions']:.1f}",
         ],
         ["engine alone (`LLM.generate`)", f"{med['offline']:,.0f}", f"{lines * TOKENS / med['offline']:.1f}"],
         [
@@ -385,6 +401,11 @@ def run(quick: bool) -> Section:
         ],
         ["braid, chat job", f"{med['braid-chat']:,.0f}", f"{lines * TOKENS / med['braid-chat']:.1f}"],
         ["`vllm run-batch`, chat lines", f"{med['run-batch']:,.0f}", f"{lines * TOKENS / med['run-batch']:.1f}"],
+        [
+            "braid, jobs-only replica, chat job",
+            f"{med['deep-chat']:,.0f}",
+            f"{lines * TOKENS / med['deep-chat']:.1f}",
+        ],
     ]
     iso_rows = [
         _iso_row("braid, beside a job (default cap)", iso["job-0"], "lines/s"),
@@ -425,7 +446,9 @@ def run(quick: bool) -> Section:
         headlines=(
             f"batch_jobs: {lines:,}-line job {med['braid-completions'] / med['offline']:.2f}× the engine alone "
             f"(vLLM's server, the prompts at once: {med['vllm-server'] / med['offline']:.2f}×), "
-            f"chat job {med['braid-chat'] / med['run-batch']:.2f}× vllm run-batch; stream TTFT p50 beside a job "
+            f"chat job {med['braid-chat'] / med['run-batch']:.2f}× vllm run-batch; on a jobs-only replica "
+            f"{med['deep-completions'] / med['offline']:.2f}× and {med['deep-chat'] / med['run-batch']:.2f}×; "
+            "stream TTFT p50 beside a job "
             f"{job_p50:.0f} ms vs {fg_p50:.0f} ms beside interactive load; kill -9: "
             f"{'every line once' if kill_ok else 'FAILED'}",
         ),
