@@ -20,9 +20,9 @@ PARENT = textwrap.dedent(
     """
     import subprocess, sys, time
     child = subprocess.Popen([sys.executable, "-c", '''
-    import os, threading, time
-    from braid.engine.orphan_guard import _watch
-    threading.Thread(target=_watch, args=(os.getppid(),), daemon=True).start()
+    import time
+    from braid.engine.orphan_guard import watch_parent
+    watch_parent()
     time.sleep(60)
     '''])
     print(child.pid, flush=True)

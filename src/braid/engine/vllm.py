@@ -36,7 +36,7 @@ from braid.engine.base import (
     Observe,
     SamplingParams,
 )
-from braid.engine.orphan_guard import guarded_engine_start
+from braid.engine.core_process import braid_engine_core
 from braid.engine.vllm_common import (
     CPU_ENGINE_ARGS,
     LORA_OFF,
@@ -297,7 +297,7 @@ async def _open_asyncllm(kwargs: dict[str, Any], make_info: Any, fault_hooks: bo
     async with open_asyncio_thread() as bridge:
 
         async def make() -> Any:
-            with guarded_engine_start():  # the engine core ends with braid, even on SIGKILL
+            with braid_engine_core():  # braid.engine.core_process
                 return llm_cls.from_engine_args(engine_args_cls(**kwargs))
 
         llm = await bridge.run(make)

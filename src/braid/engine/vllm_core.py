@@ -51,7 +51,7 @@ from braid.engine.base import (
     Observe,
     SamplingParams,
 )
-from braid.engine.orphan_guard import guarded_engine_start
+from braid.engine.core_process import braid_engine_core
 from braid.engine.vllm_common import (
     LORA_OFF,
     HfTokenizer,
@@ -614,7 +614,7 @@ async def open_core_engine(
         outputs = OutputProcessor(
             renderer.tokenizer, log_stats=log_stats, stream_interval=config.scheduler_config.stream_interval
         )
-        with guarded_engine_start():  # the engine core ends with braid, even on SIGKILL
+        with braid_engine_core():  # braid.engine.core_process
             client = _core_client_class()(
                 asyncio_mode=False,
                 vllm_config=config,
