@@ -187,13 +187,13 @@ def _parse_prompt_list(value: list[object], limits: Limits) -> tuple[Prompt, ...
                 )
             if not p:
                 raise _bad(f"prompt[{i}]: the token-id list is empty (the decoder prompt cannot be empty).")
-            ids = _valid_ids(p, limits.vocab_size)
-            if ids is None:
+            checked = _valid_ids(p, limits.vocab_size)
+            if checked is None:
                 for j, t in enumerate(p):
                     if isinstance(t, list | dict):
                         raise _schema(f"prompt[{i}][{j}]: token ids must be integers, got {_type_name(t)}.")
-                ids = tuple(_token_id(t, f"prompt[{i}][{j}]", limits.vocab_size) for j, t in enumerate(p))
-            out.append(TokenPrompt(ids))
+                checked = tuple(_token_id(t, f"prompt[{i}][{j}]", limits.vocab_size) for j, t in enumerate(p))
+            out.append(TokenPrompt(checked))
         prompts = tuple(out)
     else:
         valid = _valid_ids(value, limits.vocab_size)
