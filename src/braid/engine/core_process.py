@@ -11,10 +11,10 @@ over to vLLM's entry point:
   Python's default 5 ms. The engine core runs its scheduler and model on its main thread and
   reads requests and writes outputs on two threads of its own (msgpack, ZMQ), all under one GIL.
   While the main thread waits for an I/O thread to hand the GIL back, the model waits, and on a
-  CPU its OpenMP worker spins. With a 0.2 ms interval, a 3,000-line batch job on the tiny model
-  took 9 % less wall and its engine core 1–2.5 s less CPU (docs/performance.md, "The engine
-  core's GIL hand-over"). The setting is the engine-core process's own: braid's process keeps
-  the default.
+  CPU its OpenMP worker spins; a wave of adds made it wait at every step. The interval was
+  chosen by measurement (docs/performance.md, "The engine core's GIL hand-over"). The setting
+  is the engine-core process's own: braid's process keeps the default (a shorter one there
+  measured no gain).
 
 This module is imported by the engine-core process itself (the target of a spawned process is
 found by its module and name). It imports nothing of braid's but :mod:`braid.engine.orphan_guard`,
