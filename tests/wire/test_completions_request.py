@@ -560,3 +560,28 @@ def test_a_missing_required_field_is_named_by_its_own_location() -> None:
         with pytest.raises(SchemaError) as info:
             decode_body(body, decoder)
         assert info.value.param == param  # as pydantic locates a missing field
+
+
+@pytest.mark.parametrize(
+    ("seed", "words"),
+    [
+        (2**63, "less than or equal to 9223372036854775807 (less_than_equal)"),
+        (-(2**63) - 1, "greater than or equal to -9223372036854775808 (greater_than_equal)"),
+    ],
+)
+def test_a_seed_out_of_range_names_vllms_bound(seed: int, words: str) -> None:
+    err = refuse(seed=seed)
+    assert err.param == "body.seed" and err.type == "Bad Request"
+    assert err.message == f"seed: Input should be {words}, got {seed}."
+    assert parse(seed=2**63 - 1) and parse(seed=-(2**63))
+
+
+def test_logit_bias_names_every_bad_key() -> None:
+    err = refuse(logit_bias={"a": 1.0, "7": 1.0, "b": 2.0, str(VOCAB): 1.0})
+    assert err.param == "logit_bias"
+    # vLLM's first check: keys that are not integers, all of them (the ids are checked after)
+    assert err.message == "logit_bias contains key(s) that cannot be converted to integer token IDs: ['a', 'b']"
+    err = refuse(logit_bias={str(VOCAB + 1): 1.0, "7": 1.0, "-1": 2.0})
+    assert err.message == (
+        f"token_id(s) [{VOCAB + 1}, -1] in logit_bias contain out-of-vocab token ids. Vocabulary size: {VOCAB}"
+    )

@@ -28,7 +28,7 @@ import msgspec
 from braid.errors import InvalidRequest, SchemaError
 from braid.settings import ParserOptions
 from braid.wire.completions_request import CompletionBody
-from braid.wire.fields import INT64_MAX, INT64_MIN, Limits, SamplingBody, check_fields, decode_body, structured_of
+from braid.wire.fields import Limits, SamplingBody, check_fields, check_seed, decode_body, structured_of
 from braid.wire.kv_transfer import reused_prompt
 from braid.wire.messages import Message, TemplateOptions, parse_messages, parse_tools
 from braid.wire.structured import Structured
@@ -123,8 +123,7 @@ def _bad(message: str, param: str | None = None) -> InvalidRequest:
 def _check_chat(b: ChatBody, *, trust_template: bool) -> None:
     # vLLM's validators, with its params (None where vLLM names none); what its pydantic schema
     # refuses is a SchemaError at pydantic's location.
-    if b.seed is not None and not INT64_MIN <= b.seed <= INT64_MAX:
-        raise SchemaError(f"seed must be a 64-bit integer, got {b.seed}.", param="body.seed")
+    check_seed(b.seed)
     top = b.top_logprobs
     if top is not None:
         if top < 0 and top != -1:

@@ -148,6 +148,18 @@ def _bad(message: str, param: str | None = None) -> InvalidRequest:
     return InvalidRequest(message, param=param)
 
 
+def check_seed(seed: int | None) -> None:
+    """A seed vLLM's schema refuses (a 64-bit integer: pydantic's ``ge``/``le`` on every route's
+    ``seed``), with the bound and the check's name as vLLM's message gives them."""
+    if seed is None or INT64_MIN <= seed <= INT64_MAX:
+        return
+    if seed < INT64_MIN:
+        kind, words, bound = "greater_than_equal", "greater than or equal to", INT64_MIN
+    else:
+        kind, words, bound = "less_than_equal", "less than or equal to", INT64_MAX
+    raise SchemaError(f"seed: Input should be {words} {bound} ({kind}), got {seed}.", param="body.seed")
+
+
 def decode_body(body: bytes, decoder: msgspec.json.Decoder[T]) -> T:
     """The body as ``decoder``'s type, or a :class:`~braid.errors.SchemaError` (a 400 of type
     ``Bad Request``) whose ``param`` is where vLLM's pydantic layer locates the fault: ``body`` for
@@ -292,8 +304,7 @@ def check_fields(b: SamplingBody, limits: Limits, *, echo: bool = False, logprob
     if b.top_k is not None and b.top_k > INT64_MAX:
         # vLLM treats any top_k over the vocabulary as off, but cannot send this one to its engine.
         raise _bad(f"top_k must be a 64-bit integer, got {b.top_k}.", "top_k")
-    if b.seed is not None and not INT64_MIN <= b.seed <= INT64_MAX:
-        raise _bad(f"seed must be a 64-bit integer, got {b.seed}.", "seed")
+    check_seed(b.seed)
     temperature = 1.0 if b.temperature is None else b.temperature
     if temperature < 1e-5 and b.n > 1:
         raise _bad(f"n must be 1 when using greedy sampling, got {b.n}.")
@@ -354,19 +365,31 @@ def structured_of(b: SamplingBody) -> Structured | None:
 
 
 def _logit_bias(raw: dict[str, float] | None, vocab_size: int) -> tuple[tuple[int, float], ...] | None:
+    """Each bad key named, as vLLM names them: first every key that is not an integer, then
+    every token id outside the vocabulary (vLLM's two checks, in its order)."""
     if raw is None:
         return None
     out = []
+    not_ints = []
     for key, value in raw.items():
         try:
             token = int(key)
         except ValueError:
-            raise _bad(f"logit_bias keys must be token ids, got {key!r}.", "logit_bias") from None
-        if not 0 <= token < vocab_size:
-            raise _bad(f"logit_bias token id {token} is outside the vocabulary (size {vocab_size}).", "logit_bias")
+            not_ints.append(key)
+            continue
         if not math.isfinite(value):
             raise _bad(f"logit_bias values must be finite, got {value}.", "logit_bias")
         out.append((token, max(-100.0, min(100.0, value))))
+    if not_ints:
+        raise _bad(
+            f"logit_bias contains key(s) that cannot be converted to integer token IDs: {not_ints!r}", "logit_bias"
+        )
+    outside = [token for token, _ in out if not 0 <= token < vocab_size]
+    if outside:
+        raise _bad(
+            f"token_id(s) {outside} in logit_bias contain out-of-vocab token ids. Vocabulary size: {vocab_size}",
+            "logit_bias",
+        )
     return tuple(out)
 
 
@@ -437,6 +460,7 @@ __all__ = [
     "SamplingBody",
     "StreamOptions",
     "check_fields",
+    "check_seed",
     "decode_body",
     "sampling_params",
     "structured_of",

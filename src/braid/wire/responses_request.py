@@ -40,7 +40,7 @@ from braid.errors import InvalidRequest, NotFound, SchemaError
 from braid.settings import ParserOptions
 from braid.wire.chat_request import ChatRequest, ToolChoice, ToolMode
 from braid.wire.completions_request import CompletionBody
-from braid.wire.fields import INT64_MAX, INT64_MIN, Limits, check_fields, decode_body, structured_of
+from braid.wire.fields import Limits, check_fields, check_seed, decode_body, structured_of
 from braid.wire.messages import TemplateOptions, parse_messages, parse_tools
 from braid.wire.structured import Structured
 
@@ -370,8 +370,7 @@ def _check(b: ResponsesBody) -> None:
         raise _bad("prompt template is not supported", "prompt")
     if b.background and b.store is False:
         raise _bad("background can only be used when `store` is true", "background")
-    if b.seed is not None and not INT64_MIN <= b.seed <= INT64_MAX:
-        raise SchemaError(f"seed must be a 64-bit integer, got {b.seed}.", param="body.seed")
+    check_seed(b.seed)
     for name in ("presence_penalty", "frequency_penalty"):
         value = getattr(b, name)
         if value is not None and not -2.0 <= value <= 2.0:
