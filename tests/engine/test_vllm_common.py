@@ -52,6 +52,7 @@ SET = SamplingParams(
         spaces_between_special_tokens=False,
         allowed_token_ids=(5, 6),
         bad_words=("no",),
+        stream_interval=4,
     ),
 )
 
@@ -129,7 +130,7 @@ def test_every_sampling_field_of_the_body_reaches_vllms_sampling_params() -> Non
         "structured_outputs": {"choice": ["yes", "no"]}, "top_p": 0.9, "top_k": 3, "min_p": 0.1,
         "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.5,
         "skip_special_tokens": False, "spaces_between_special_tokens": False, "allowed_token_ids": [5, 6],
-        "bad_words": ["no"], "kv_transfer_params": {"do_remote_prefill": True},
+        "bad_words": ["no"], "kv_transfer_params": {"do_remote_prefill": True}, "stream_interval": 4,
     }  # fmt: skip
     assert set(body) - {"prompt"} == sampling
     p = parse_request(json.dumps(body).encode(), Limits(vocab_size=259)).sampling

@@ -188,6 +188,14 @@ def _cases() -> list[Case]:
     add("skip_special_tokens false", "sampling", _req(prompt=TEXT, skip_special_tokens=False, max_tokens=24))
     add("logit_bias", "sampling", _req(prompt=TEXT, logit_bias={"300": 100}, max_tokens=4))
     add("unknown fields are ignored", "sampling", _req(prompt=TEXT, user="u-1", some_unknown_field=3))
+    add(
+        "stream_interval 4, streamed batch",
+        "sampling",
+        _req(prompt=[TEXT, TEXT2], stream_interval=4, max_tokens=10, ignore_eos=True, stream=True),
+    )
+    add("stream_interval 0", "errors", _req(prompt=TEXT, stream_interval=0))
+    add("seed over int64", "errors", _req(prompt=TEXT, seed=2**63))
+    add("logit_bias with bad keys", "errors", _req(prompt=TEXT, logit_bias={"a": 1, "b": 2}))
     # -- errors: compared on status, error.type, error.param, error.code
     add("prompt []", "errors", _req(prompt=[]))
     add('prompt ""', "errors", _req(prompt=""))

@@ -189,3 +189,24 @@ def test_a_large_text_batch_counts_the_same_prompt_tokens(vllm_server: VllmServe
     data = r.json()
     assert data["usage"]["prompt_tokens"] == sum(len(hf.encode(p)) for p in prompts)
     assert all(c["text"].startswith(prompts[c["index"]]) for c in data["choices"])
+
+
+def test_stream_interval_sends_tokens_in_groups(vllm_server: VllmServer) -> None:
+    # vLLM's output processor honours the request's stream_interval (clamped up to the engine's):
+    # the first token at once, then an output every 4 tokens, the rest with the finish.
+    body = {
+        "model": vllm_server.model,
+        "prompt": "def main(",
+        "max_tokens": 10,
+        "ignore_eos": True,
+        "logprobs": 0,
+        "stream": True,
+        "stream_interval": 4,
+    }
+    with httpx.stream("POST", vllm_server.url + "/v1/completions", json=body, timeout=60) as r:
+        events = parse_sse(r.read())
+    counts = [len(e["choices"][0]["logprobs"]["tokens"]) for e in events if isinstance(e, dict) and e["choices"]]
+    assert sum(counts) == 10 and counts[0] == 1, counts
+    assert len(counts) <= 4, counts  # one event per token (10) if the field were dropped
+    r2 = httpx.post(vllm_server.url + "/v1/completions", json={**body, "stream_interval": 0}, timeout=60)
+    assert r2.status_code == 400 and r2.json()["error"]["param"] == "body.stream_interval"

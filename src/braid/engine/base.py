@@ -156,13 +156,15 @@ class PassThrough(msgspec.Struct, frozen=True):
        ``tuple``), nullable with a ``None`` default, or with vLLM's default if vLLM's server does
        not take ``null`` for it;
     2. if braid bounds its value beyond its type (a range, a length cap), add the check to
-       :func:`braid.wire.fields.check_fields`, naming the field as ``param``.
+       :func:`braid.wire.fields.check_fields`, naming the field as ``param``;
+    3. give it a value in tests/engine/test_vllm_common.py (``SET`` and the body of
+       ``test_every_sampling_field_of_the_body_reaches_vllms_sampling_params``), which fails until
+       every sampling field of the body is set there and reaches vLLM's ``SamplingParams``.
 
-    That is all: tests/engine/test_vllm_common.py checks that every sampling field of the body
-    reaches vLLM's ``SamplingParams``. A field braid reads itself (the scripted engine, the
-    plan), or whose wire form differs from vLLM's, is not a pass-through one: it goes in
-    :class:`SamplingParams` and in the body, converted by :func:`braid.wire.fields.sampling_params`
-    and, if need be, by :func:`~braid.engine.vllm_common.vllm_sampling_params`.
+    A field braid reads itself (the scripted engine, the plan), or whose wire form differs from
+    vLLM's, is not a pass-through one: it goes in :class:`SamplingParams` and in the body,
+    converted by :func:`braid.wire.fields.sampling_params` and, if need be, by
+    :func:`~braid.engine.vllm_common.vllm_sampling_params`.
 
     The scripted engine accepts these fields and ignores them.
     """
@@ -177,6 +179,9 @@ class PassThrough(msgspec.Struct, frozen=True):
     spaces_between_special_tokens: bool = True
     allowed_token_ids: tuple[int, ...] | None = None
     bad_words: tuple[str, ...] | None = None
+    stream_interval: int | None = None
+    """Tokens per streamed output (vLLM clamps it up to the engine's ``--stream-interval``; the
+    first token and the last come at once)."""
 
 
 @attrs.frozen

@@ -305,6 +305,12 @@ def check_fields(b: SamplingBody, limits: Limits, *, echo: bool = False, logprob
         # vLLM treats any top_k over the vocabulary as off, but cannot send this one to its engine.
         raise _bad(f"top_k must be a 64-bit integer, got {b.top_k}.", "top_k")
     check_seed(b.seed)
+    if b.stream_interval is not None and b.stream_interval < 1:
+        raise SchemaError(
+            f"stream_interval: Input should be greater than or equal to 1 (greater_than_equal), "
+            f"got {b.stream_interval}.",
+            param="body.stream_interval",
+        )
     temperature = 1.0 if b.temperature is None else b.temperature
     if temperature < 1e-5 and b.n > 1:
         raise _bad(f"n must be 1 when using greedy sampling, got {b.n}.")
