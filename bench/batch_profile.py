@@ -412,13 +412,13 @@ def run(quick: bool) -> Section:
                     0.9,
                     higher_is_better=False,
                     unit="×",
-                    why_missed="the progressive feed and the engine core's own process (docs/performance.md)",
+                    why_missed="the progressive feed and the engine core's own process (docs/performance-log.md)",
                 )
             )
     md = (
         f"Mode: {'quick' if quick else 'full'}; {rounds} round(s), load average {load_before:.1f} at the start, "
         f"{load_after:.1f} at the end. `python -m bench.batch_profile` gives the same with the engine's step "
-        "trace and a py-spy profile (docs/performance.md, issue 28 §1).\n\n" + report(results, token_counts, 1024)
+        "trace and a py-spy profile (docs/performance-log.md, issue 28 §1).\n\n" + report(results, token_counts, 1024)
     )
     headline = ", ".join(
         f"{n} out: JSON {med('braid', n) / med('vllm', n):.2f}×, streamed "

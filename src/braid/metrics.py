@@ -6,7 +6,7 @@ is entered: admission's queue wait, the body read and tokenizing are included). 
 definitions are in :class:`Metrics`' attribute docstrings and in the help texts, which say the
 same. They are :class:`PlainHistogram`\\ s, not prometheus_client's ``Histogram``: the
 inter-token latency is observed for every output of every stream, and prometheus_client's
-``observe`` takes a lock and walks the buckets each time (docs/performance.md, round 9).
+``observe`` takes a lock and walks the buckets each time (docs/performance-log.md, round 9).
 """
 
 from __future__ import annotations

@@ -188,7 +188,7 @@ def set_switch_interval(seconds: float | None, *, two_threads: bool) -> None:
     becomes an abort, a call from the Trio thread onto the asyncio loop with several such waits
     on the way, so with Python's default interval an abort reached the engine several intervals
     late. A shorter interval shortens each wait, and its cost in throughput was inside the
-    run-to-run noise (docs/performance.md, round 2)."""
+    run-to-run noise (docs/performance-log.md, round 2)."""
     if seconds is None and two_threads:
         seconds = 0.001
     if seconds is not None:

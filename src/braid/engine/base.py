@@ -44,7 +44,7 @@ Contract:
   to the same place as what ``deliver`` takes, ahead of later deliveries (braid's run sends both
   into one memory channel, where a blocked sender goes before any later ``send_nowait``). An
   engine that never calls it is correct; its reader just wakes once per output. (This saves a task switch per output on the hot path:
-  docs/performance.md, round 10.)
+  docs/performance-log.md, round 10.)
 * **Outputs may be observed as they are made.** ``open_request(request, on_failure, deliver,
   observe=observe)``: ``observe(output)`` is called with every output of the request as the
   engine makes it, one engine step at a time, in order, BEFORE any merging of deltas for a

@@ -12,7 +12,7 @@ over to vLLM's entry point:
   reads requests and writes outputs on two threads of its own (msgpack, ZMQ), all under one GIL.
   While the main thread waits for an I/O thread to hand the GIL back, the model waits, and on a
   CPU its OpenMP worker spins; a wave of adds made it wait at every step. The interval was
-  chosen by measurement (docs/performance.md, "The engine core's GIL hand-over"). The setting
+  chosen by measurement (docs/performance-log.md, "The engine core's GIL hand-over"). The setting
   is the engine-core process's own: braid's process keeps the default (a shorter one there
   measured no gain).
 

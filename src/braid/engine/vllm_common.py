@@ -37,7 +37,7 @@ OFFLINE_ENVIRONMENT = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 CPU_ENVIRONMENT = {
     "VLLM_TARGET_DEVICE": "cpu",
     # vLLM torch.compiles its logprobs op even with enforce_eager, which stalls the first request
-    # that asks for logprobs (docs/performance.md).
+    # that asks for logprobs (docs/performance-log.md).
     "TORCH_COMPILE_DISABLE": "1",
     "VLLM_CPU_KVCACHE_SPACE": "1",
     # the "uni" executor is silently replaced by "mp" unless this is 0

@@ -91,8 +91,8 @@ class VllmStats:
         The message's inter-token latencies, one per token of every running request, are
         counted into ``vllm:inter_token_latency_seconds`` here in one pass (:func:`observe_all`),
         and taken out of ``iteration_stats`` so that vLLM's logger, which observes them one by
-        one, finds none: the same histogram at a fifth of the calls per token (docs/performance.md,
-        "vLLM's statistics")."""
+        one, finds none: the same histogram at a fifth of the calls per token (docs/performance-log.md,
+        round 13)."""
         itls = None if iteration_stats is None else iteration_stats.inter_token_latencies_iter
         if itls:
             observe_all(self._itl, itls)

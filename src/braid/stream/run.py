@@ -9,7 +9,7 @@
   one bounded memory channel; the consumer reads it with :meth:`receive_ready`.
 * Drivers start :data:`START_CHUNK` at a time, one chunk per scheduler round: each driver's
   first step (the engine's input processing and the add) is synchronous, and 1024 of them in
-  one round held every other stream of the server up (docs/performance.md, round 4). A driver
+  one round held every other stream of the server up (docs/performance-log.md, round 4). A driver
   whose chunk starts after the run was cancelled opens no engine request.
 * A driver owns its engine request (open, abort, failure, the slot it holds) but is not woken
   for each output: it passes the engine a ``deliver`` function, and an engine that supports it

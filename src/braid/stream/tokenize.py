@@ -5,7 +5,7 @@ by the same rule.
 
 Tokenizing runs before the plan (:mod:`braid.stream.plan`), in the request's own task. Inline it blocks
 the Trio thread, and with it every other stream of the server: a batch of many long prompts takes
-long enough that every running stream visibly stalls (docs/performance.md, round 4). So:
+long enough that every running stream visibly stalls (docs/performance-log.md, round 4). So:
 
 * Up to :data:`INLINE_CHARS` characters of prompt text in all, the texts are encoded inline:
   a thread hop would cost more than the encoding (the common case: one short prompt).

@@ -9,7 +9,7 @@ So every such connection stayed open in CLOSE-WAIT, with its socket and two task
 Under connection churn that is the request rate times 75 s of sockets: 550 of them after 10 s of
 300 clients, RSS growing by tens of MiB, file descriptors running out at a sustained rate
 (``trio.serve_listeners`` then sleeps on EMFILE instead of accepting), and a FIN client waiting
-for its close (docs/performance.md, round 7).
+for its close (docs/performance-log.md, round 7).
 
 :class:`ClientCloseTCPServer` stops the keep-alive timer once the reading ends: the connection
 has nothing left to wait for but its own requests, which hypercorn's protocol has already been

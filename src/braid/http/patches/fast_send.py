@@ -4,7 +4,7 @@ hypercorn's trio worker sends every chunk of every response through ``TCPServer.
 which takes a ``trio.Lock``, opens a shielded ``CancelScope`` and awaits ``SocketStream.send_all``:
 two trips through the trio scheduler per chunk, whether or not the kernel's send buffer has room.
 A stream sends a chunk per engine step, so under many concurrent streams that path is a large
-share of the front end's thread (docs/performance.md, round 2).
+share of the front end's thread (docs/performance-log.md, round 2).
 
 :class:`FastSendTCPServer` keeps hypercorn's contract and skips the trip when it is not needed:
 

@@ -3,7 +3,7 @@
 hypercorn hands each body chunk to h11 as a ``Data`` event: h11 checks its connection state,
 runs the (unchanging) transition for ``Data`` in ``SEND_BODY``, and asks its writer to frame the
 bytes. For a streamed response that is every event of every stream, and it costs about twenty
-times the framing itself (docs/performance.md, round 10).
+times the framing itself (docs/performance-log.md, round 10).
 
 :class:`DirectBodyH11Protocol` frames such a chunk itself, exactly as h11's chunked writer does
 (``<size in hex>\\r\\n<data>\\r\\n``, nothing for an empty chunk), but only when h11 says the
