@@ -122,6 +122,10 @@ class EngineUnavailable(BraidError):
     type = "ServiceUnavailableError"
 
 
+ENGINE_DOWN = "The engine is not running."
+""":class:`EngineUnavailable`'s message when the engine has died (or never started)."""
+
+
 class DrainTimeout(EngineUnavailable):
     """The server's drain (``--graceful-timeout``) ran out before the request finished; its engine
     work was aborted. Nothing was wrong with the request: another replica can run it."""

@@ -474,6 +474,7 @@ def test_every_sampling_field_of_the_body_reaches_the_engine_params() -> None:
         "repetition_penalty": 1.5, "skip_special_tokens": False, "spaces_between_special_tokens": False,
         "logit_bias": {"5": 1.0, "6": -2.0}, "allowed_token_ids": [5, 6], "bad_words": ["no"],
         "structured_outputs": {"choice": ["yes", "no"]}, "kv_transfer_params": {"do_remote_prefill": True},
+        "stream_interval": 4,
     }  # fmt: skip
     assert set(sent) == SAMPLING | PASSTHROUGH
     got = parse(sent).sampling

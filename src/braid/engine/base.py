@@ -157,9 +157,12 @@ class PassThrough(msgspec.Struct, frozen=True):
        not take ``null`` for it;
     2. if braid bounds its value beyond its type (a range, a length cap), add the check to
        :func:`braid.wire.fields.check_fields`, naming the field as ``param``;
-    3. give it a value in tests/engine/test_vllm_common.py (``SET`` and the body of
-       ``test_every_sampling_field_of_the_body_reaches_vllms_sampling_params``), which fails until
-       every sampling field of the body is set there and reaches vLLM's ``SamplingParams``.
+    3. give it a value in the tests that send every sampling field
+       (tests/engine/test_vllm_common.py: ``SET`` and the body of
+       ``test_every_sampling_field_of_the_body_reaches_vllms_sampling_params``;
+       tests/wire/test_completions_request.py:
+       ``test_every_sampling_field_of_the_body_reaches_the_engine_params``), which fail until it
+       is set there and reaches vLLM's ``SamplingParams``.
 
     A field braid reads itself (the scripted engine, the plan), or whose wire form differs from
     vLLM's, is not a pass-through one: it goes in :class:`SamplingParams` and in the body,

@@ -102,14 +102,14 @@ from braid.engine.base import (
     SamplingParams,
     TopLogprobs,
 )
-from braid.errors import BraidError, EngineError, EngineRejected, EngineUnavailable, InvalidRequest
+from braid.engine.faults import fault_after, injected_failure
+from braid.errors import ENGINE_DOWN, BraidError, EngineError, EngineRejected, EngineUnavailable, InvalidRequest
 
 BOS, EOS, PAD = 0, 1, 2
 _SPECIAL = {BOS: "<s>", EOS: "</s>", PAD: "<pad>"}
 _OFFSET = 3
 VOCAB_SIZE = 256 + _OFFSET
 _ALPHABET = tuple(ord(c) + _OFFSET for c in "abcdefghijklmnopqrstuvwxyz ")
-_FAIL = re.compile(r"braid:fail@(\d+)")
 _SAY = re.compile(r"<braid:say>(.*?)</braid:say>", re.DOTALL)
 _UTF8 = codecs.getincrementaldecoder("utf-8")
 
@@ -428,7 +428,7 @@ class _Generation:
             elif per_step:
                 await trio.lowlevel.checkpoint()
             if self.fail_after is not None and produced >= self.fail_after:
-                raise EngineError(f"scripted engine failure after {produced} tokens (braid:fail@{self.fail_after})")
+                raise injected_failure(self.fail_after)
             deltas = tuple(self._step(c) for c in choices if not c.finished)
             produced += 1
             done = all(c.finished for c in choices)
@@ -670,17 +670,16 @@ class ScriptedEngine:
         ``observe`` sees every step's output as it is made, in both, and ``ending`` is called
         as its step comes, before that step's output is handed on."""
         if not self.healthy:
-            raise EngineUnavailable("The engine is not running.")
+            raise EngineUnavailable(ENGINE_DOWN)
         try:
             self.check_structured(request.params)  # braid checks before; a direct caller may not
         except InvalidRequest as exc:
             raise EngineRejected(exc.message, param=exc.param) from None
         text = self.tokenizer.decode(request.prompt_token_ids)
-        fail = _FAIL.search(text)
         gen = _Generation(
             request,
             self.token_delay,
-            int(fail.group(1)) if fail else None,
+            fault_after(text),
             "braid:invalid" in text,
             self.prefix_cache.read(request.prompt_token_ids),
             tuple(say.encode() for say in _SAY.findall(text)),

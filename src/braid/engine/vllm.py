@@ -59,7 +59,7 @@ from braid.engine.vllm_common import (
 )
 from braid.engine.vllm_core import open_core_engine
 from braid.engine.vllm_stats import engine_families
-from braid.errors import EngineUnavailable, InvalidRequest
+from braid.errors import ENGINE_DOWN, EngineUnavailable, InvalidRequest
 from braid.metrics import EngineFamilies
 
 
@@ -144,7 +144,7 @@ class VllmEngine:
         ending: Ending | None = None,  # not used: the slots are handed on when the request ends
     ) -> AsyncIterator[AsyncIterator[EngineOutput]]:
         if self.llm.errored:
-            raise EngineUnavailable("The engine is not running.")
+            raise EngineUnavailable(ENGINE_DOWN)
         check_lora_prompt_logprobs(self.llm.input_processor, request.params)
         try:
             params = self._params(request.params, final_only=request.final_only)

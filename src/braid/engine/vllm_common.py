@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -29,7 +28,8 @@ from braid.engine.base import (
     TopLogprobs,
 )
 from braid.engine.constraint import Structured
-from braid.errors import BraidError, EngineError, EngineRejected, EngineUnavailable, InvalidRequest
+from braid.engine.faults import fault_after, injected_failure
+from braid.errors import ENGINE_DOWN, BraidError, EngineError, EngineRejected, EngineUnavailable, InvalidRequest
 
 # What vLLM needs on a CPU machine. tools/servers.py gives vLLM's
 # own server the same, so the parity tier and the benchmarks compare like with like.
@@ -340,7 +340,7 @@ def map_error(exc: BaseException) -> BraidError:
     if isinstance(exc, BraidError):
         return exc
     if isinstance(exc, EngineDeadError):
-        return EngineUnavailable("The engine is not running.")
+        return EngineUnavailable(ENGINE_DOWN)
     # vLLM's request checks raise VLLMValidationError, which 0.32 no longer derives from ValueError.
     if isinstance(exc, VLLMValidationError | ValueError | TypeError | OverflowError):
         return EngineRejected(str(exc), param=getattr(exc, "parameter", None))
@@ -500,13 +500,9 @@ async def load_adapters(add_lora: Callable[[LoraAdapter], Awaitable[Any]], adapt
             raise ValueError(f"--lora-modules {adapter.name}={adapter.path}: {exc}") from exc
 
 
-_FAIL = re.compile(r"braid:fail@(\d+)")
-
-
 def fail_after(request: EngineRequest, fault_hooks: bool) -> int | None:
     """The ``S`` of a ``braid:fail@S`` fault hook in the prompt text (``--fault-hooks`` only)."""
-    fail = _FAIL.search(request.prompt_text or "") if fault_hooks else None
-    return int(fail.group(1)) if fail else None
+    return fault_after(request.prompt_text) if fault_hooks else None
 
 
 async def engine_outputs(
@@ -526,7 +522,7 @@ async def engine_outputs(
             if fail_after is not None:
                 produced += max((len(c.token_ids) for c in out.choices), default=0)
                 if produced > fail_after:
-                    raise EngineError(f"injected failure after {fail_after} tokens (braid:fail@{fail_after})")
+                    raise injected_failure(fail_after)
             if observe is not None:
                 observe(out)
             yield out

@@ -52,6 +52,7 @@ from braid.engine.base import (
     SamplingParams,
 )
 from braid.engine.core_process import braid_engine_core
+from braid.engine.faults import injected_failure
 from braid.engine.vllm_common import (
     LORA_OFF,
     HfTokenizer,
@@ -66,7 +67,7 @@ from braid.engine.vllm_common import (
     vllm_sampling_params,
 )
 from braid.engine.vllm_stats import VllmStats, engine_families
-from braid.errors import BraidError, EngineError, EngineUnavailable, InvalidRequest
+from braid.errors import ENGINE_DOWN, BraidError, EngineError, EngineUnavailable, InvalidRequest
 from braid.metrics import EngineFamilies
 
 log = logging.getLogger("braid.engine")
@@ -233,8 +234,7 @@ class FaultySlot(OutputSlot):
         if not isinstance(output, BaseException) and self._error is None:
             self._produced += max((len(o.token_ids) for o in output.outputs), default=0)
             if self._produced > self._fail_after:
-                s = self._fail_after
-                self.fail(EngineError(f"injected failure after {s} tokens (braid:fail@{s})"))
+                self.fail(injected_failure(self._fail_after))
                 return
         super().put(output)
 
@@ -355,7 +355,7 @@ class VllmCoreEngine:
         ending: Ending | None = None,
     ) -> AsyncIterator[AsyncIterator[EngineOutput]]:
         if self._dead is not None:
-            raise EngineUnavailable("The engine is not running.")
+            raise EngineUnavailable(ENGINE_DOWN)
         try:
             check_lora_prompt_logprobs(self.input_processor, request.params)
             params = vllm_sampling_params(self._params_cls, self._kind, request.params, final_only=request.final_only)

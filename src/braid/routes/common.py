@@ -28,6 +28,7 @@ import trio
 
 from braid.engine.base import Engine, Observe, check_structured, select_model
 from braid.errors import (
+    ENGINE_DOWN,
     BraidError,
     DeadlineExceeded,
     EngineUnavailable,
@@ -214,7 +215,7 @@ def admit(
     require_json(content_type)
     if state.draining or not state.engine.healthy:
         raise EngineUnavailable(
-            "The server is shutting down." if state.draining else "The engine is not running.",
+            "The server is shutting down." if state.draining else ENGINE_DOWN,
             retry_after=DRAINING_RETRY_AFTER if state.draining else DEAD_ENGINE_RETRY_AFTER,
         )
     if request_id is not None and len(request_id) > state.limits.max_request_id_chars:

@@ -30,7 +30,7 @@ from braid.settings import ParserOptions
 from braid.wire.completions_request import CompletionBody
 from braid.wire.fields import Limits, SamplingBody, check_fields, check_seed, decode_body, structured_of
 from braid.wire.kv_transfer import reused_prompt
-from braid.wire.messages import Message, TemplateOptions, parse_messages, parse_tools
+from braid.wire.messages import Message, TemplateOptions, check_template_trusted, parse_messages, parse_tools
 from braid.wire.structured import Structured
 
 
@@ -130,12 +130,7 @@ def _check_chat(b: ChatBody, *, trust_template: bool) -> None:
             raise _bad("`top_logprobs` must be a positive value or -1.", "top_logprobs")
         if (top == -1 or top > 0) and not b.logprobs:
             raise _bad("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
-    in_kwargs = (b.chat_template_kwargs or {}).get("chat_template") is not None
-    if (b.chat_template is not None or in_kwargs) and not trust_template:
-        raise _bad(
-            "Chat template is passed with request, but --trust-request-chat-template is not set. "
-            "Refused request with untrusted chat template."
-        )
+    check_template_trusted(b.chat_template, b.chat_template_kwargs, trust=trust_template)
 
 
 def _thinking(b: ChatBody) -> dict[str, Any]:

@@ -606,6 +606,17 @@ def render(tokenizer: Tokenizer, messages: Sequence[Message], options: TemplateO
         raise InvalidRequest(f"The chat template could not be applied: {exc}") from None
 
 
+def check_template_trusted(chat_template: object, kwargs: Mapping[str, Any] | None, *, trust: bool) -> None:
+    """A request's own template (``chat_template``, or one in ``chat_template_kwargs``) is refused,
+    in vLLM's words, unless the server has ``--trust-request-chat-template``."""
+    if trust or (chat_template is None and (kwargs or {}).get("chat_template") is None):
+        return
+    raise InvalidRequest(
+        "Chat template is passed with request, but --trust-request-chat-template is not set. "
+        "Refused request with untrusted chat template."
+    )
+
+
 __all__ = [
     "ABSENT",
     "Message",
@@ -613,6 +624,7 @@ __all__ = [
     "RenderTimeError",
     "RequestModel",
     "TemplateOptions",
+    "check_template_trusted",
     "echo_text",
     "parse_messages",
     "parse_tools",

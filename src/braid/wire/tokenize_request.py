@@ -37,16 +37,19 @@ import msgspec
 
 from braid.errors import InvalidRequest, ModelNotFound, SchemaError
 from braid.wire.fields import INT64_MAX, decode_body
-from braid.wire.messages import Message, RenderTimeError, TemplateOptions, parse_messages, parse_tools
+from braid.wire.messages import (
+    Message,
+    RenderTimeError,
+    TemplateOptions,
+    check_template_trusted,
+    parse_messages,
+    parse_tools,
+)
 
 DETOKENIZE_CONTEXTS = 4
 """``/detokenize`` takes at most this many times ``max_model_len`` token ids (decoding is work
 for braid's tokenizing thread; no real prompt or completion is longer than one context)."""
 
-UNTRUSTED_TEMPLATE = (
-    "Chat template is passed with request, but --trust-request-chat-template is not set. "
-    "Refused request with untrusted chat template."
-)
 EMPTY_CONVERSATION = "Cannot apply chat template to an empty conversation. Provide at least one message."
 
 # For the JSON schema only (msgspec decodes ``messages`` as ``Any``; parse_messages checks it by
@@ -197,8 +200,7 @@ def _chat(body: bytes, served: Served, trust_template: bool) -> TokenizeChat:
     )
     _check_model(b.model, served)
     kwargs_template = kwargs.get("chat_template")
-    if not trust_template and (b.chat_template is not None or kwargs_template is not None):
-        raise InvalidRequest(UNTRUSTED_TEMPLATE)
+    check_template_trusted(b.chat_template, kwargs, trust=trust_template)
     if b.chat_template is None and isinstance(kwargs_template, str):
         template = attrs.evolve(template, chat_template=kwargs_template)
     if empty:
