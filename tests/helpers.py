@@ -6,6 +6,7 @@ modules import from one place and never from each other or from a conftest.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -68,6 +69,21 @@ def parse_sse(raw: bytes) -> list[Any]:
         else:
             raise ValueError(f"not an SSE data line: {block[:80]!r}")
     return events
+
+
+# --- the tiny model ------------------------------------------------------------------------------
+
+
+@functools.cache
+def no_whitespace() -> dict[str, int]:
+    """A logit_bias that bans the tiny model's whitespace-only tokens: the JSON grammar allows
+    whitespace between values, and the tiny model, forced into JSON, writes it for ever."""
+    from transformers import AutoTokenizer
+
+    from tools.servers import tiny_model_dir
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir()))
+    return {str(i): -100 for i in range(tok.vocab_size) if tok.decode([i]) and not tok.decode([i]).strip()}
 
 
 # --- metrics --------------------------------------------------------------------------------------

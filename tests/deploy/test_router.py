@@ -186,18 +186,19 @@ def test_kv_aware_sends_a_prompt_to_the_replica_that_holds_its_blocks(
 
 
 def test_a_stream_through_the_router_is_whole(router: Router) -> None:
-    body = {"prompt": "import os\n", "max_tokens": 12, "temperature": 0, "stream": True}
-    body["stream_options"] = {"include_usage": True}
+    # ignore_eos fixes the length; the stream is checked against itself (a whole request through
+    # the router lands on another replica, whose greedy tokens need not agree: docs/architecture.md)
+    body = {"prompt": "import os\n", "max_tokens": 12, "temperature": 0, "ignore_eos": True, "logprobs": 0}
+    body |= {"stream": True, "stream_options": {"include_usage": True}}
     r = httpx.post(router.url + COMPLETIONS, json=body, timeout=60)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     events = parse_sse(r.content)
     assert events.count("[DONE]") == 1 and events[-1] == "[DONE]"
     chunks = [e for e in events if isinstance(e, dict)]
     assert chunks[-1]["usage"]["completion_tokens"] == 12 and chunks[-1]["choices"] == []
-    texts = [c["choices"][0]["text"] for c in chunks if c["choices"]]
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
-    whole = _complete(router.url, "import os\n", max_tokens=12)["choices"][0]["text"]
-    assert "".join(texts) == whole
+    # every token the replica streamed reached the client once
+    assert sum(len(c["choices"][0]["logprobs"]["tokens"]) for c in chunks if c["choices"]) == 12
 
 
 def test_a_client_hanging_up_aborts_the_engine_request(router: Router, replicas: tuple[ServerProcess, ...]) -> None:

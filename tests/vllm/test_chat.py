@@ -36,37 +36,68 @@ def test_the_prompt_is_the_models_template(vllm_server: VllmServer) -> None:
 
 
 def test_openai_client_chat_streamed_and_not(vllm_server: VllmServer) -> None:
+    # Each answer is checked against itself: two requests need not sample alike, greedy or seeded
+    # (docs/architecture.md, "What a test of the real engine may assume").
     client = openai.OpenAI(base_url=vllm_server.url + "/v1", api_key="unused", max_retries=0)
     done = client.chat.completions.create(model=vllm_server.model, messages=MESSAGES, max_tokens=8, temperature=0)
     (choice,) = done.choices
     assert choice.message.role == "assistant" and choice.finish_reason in ("stop", "length")
-    stream = client.chat.completions.create(
-        model=vllm_server.model, messages=MESSAGES, max_tokens=8, temperature=0, stream=True
+    assert done.usage is not None
+    assert done.usage.completion_tokens == 8 or choice.finish_reason == "stop"
+    chunks = list(
+        client.chat.completions.create(
+            model=vllm_server.model,
+            messages=MESSAGES,
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
     )
-    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-    assert text == choice.message.content
+    deltas = [c.choices[0] for c in chunks if c.choices]
+    assert deltas[0].delta.role == "assistant"
+    finishes = [d.finish_reason for d in deltas if d.finish_reason]
+    assert finishes in (["stop"], ["length"]) and deltas[-1].finish_reason == finishes[0]
+    usage = chunks[-1].usage
+    assert usage is not None and not chunks[-1].choices
+    assert usage.prompt_tokens == done.usage.prompt_tokens
+    assert usage.completion_tokens == 8 if finishes == ["length"] else 1 <= usage.completion_tokens <= 8
+    assert "".join(d.delta.content or "" for d in deltas) or finishes == ["stop"]
     two = client.chat.completions.create(
         model=vllm_server.model, messages=MESSAGES, max_tokens=8, temperature=1.0, seed=7, n=2
     )
-    again = client.chat.completions.create(
-        model=vllm_server.model, messages=MESSAGES, max_tokens=8, temperature=1.0, seed=7, n=2
-    )
-    assert [c.message.content for c in two.choices] == [c.message.content for c in again.choices]
+    assert [c.index for c in two.choices] == [0, 1] and all(c.message.role == "assistant" for c in two.choices)
+    assert two.usage is not None and two.usage.completion_tokens <= 16
     vllm_server.wait_engine_idle()
 
 
 def test_batched_chat_streams_with_n(vllm_server: VllmServer) -> None:
+    # Sampled: the stream is a request of its own, checked against itself and against the whole
+    # answer on shape only (two requests with one seed need not sample alike).
     convs = [[{"role": "user", "content": t}] for t in ("import os", "class A:", "for i in")]
     body = {"messages": convs, "max_tokens": 5, "temperature": 1.0, "seed": 1, "n": 2}
     whole = httpx.post(vllm_server.url + "/v1/chat/completions/batch", json=body, timeout=60).json()
     assert [c["index"] for c in whole["choices"]] == list(range(6))
-    r = httpx.post(vllm_server.url + "/v1/chat/completions/batch", json={**body, "stream": True}, timeout=60)
+    r = httpx.post(
+        vllm_server.url + "/v1/chat/completions/batch",
+        json={**body, "stream": True, "stream_options": {"include_usage": True}},
+        timeout=60,
+    )
     events = parse_sse(r.content)
-    texts: dict[int, str] = {}
-    for e in events[:-1]:
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    usage = events[-2]["usage"]
+    roles: dict[int, int] = {}
+    finishes: dict[int, str] = {}
+    for e in events[:-2]:
         (c,) = e["choices"]
-        texts[c["index"]] = texts.get(c["index"], "") + c["delta"].get("content", "")
-    assert texts == {c["index"]: c["message"]["content"] for c in whole["choices"]}
+        i = c["index"]
+        assert i not in finishes, "nothing after a choice's finish_reason"
+        roles[i] = roles.get(i, 0) + (c["delta"].get("role") == "assistant")
+        if c["finish_reason"]:
+            finishes[i] = c["finish_reason"]
+    assert roles == dict.fromkeys(range(6), 1)
+    assert set(finishes) == set(range(6)) and set(finishes.values()) <= {"stop", "length"}
+    assert usage["prompt_tokens"] == whole["usage"]["prompt_tokens"] and usage["completion_tokens"] <= 6 * 5
     vllm_server.wait_engine_idle()
 
 

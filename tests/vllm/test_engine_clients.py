@@ -10,6 +10,7 @@ import random
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -35,9 +36,11 @@ def asyncio_server(vllm_server: VllmServer) -> Iterator[VllmServer]:
         assert server.proc.wait(60) == 0
 
 
-# Greedy: the tier's shared server has served other tests, so its prefix cache differs from the
-# fresh one's, and a cached prefix gives slightly different float32 logits. Sampled tokens can
-# then differ at temperature 1; greedy ones do not, and logprobs agree to a few decimals.
+# Greedy, and compared up to the first near-tie: the two servers are two engines, whose float32
+# logits may differ in the last bits (another batch split, the shared server's prefix cache), so a
+# token whose best alternative is within NEAR_TIE of it may go either way on another machine.
+# Before that point both must give the same tokens and logprobs within 1e-3; after it only the
+# shape is compared (docs/architecture.md, "What a test of the real engine may assume").
 BATCH = {
     "prompt": ["def main(", "import os\n", "class Foo", "x = 1\n"],
     "max_tokens": 10,
@@ -48,6 +51,10 @@ BATCH = {
 }
 
 
+NEAR_TIE = 0.05
+"""Nats between a token's logprob and its best alternative's under which it may flip."""
+
+
 def _post(server: VllmServer, body: dict[str, object]) -> httpx.Response:
     return httpx.post(server.url + "/v1/completions", json={"model": server.model, **body}, timeout=60)
 
@@ -56,34 +63,61 @@ def _usage(usage: dict[str, object]) -> dict[str, object]:
     return {k: v for k, v in usage.items() if k != "prompt_tokens_details"}
 
 
-def _choices(choices: list[dict[str, object]]) -> dict[int, dict[str, object]]:
-    """Per choice index: whole text, tokens, finish reason, and the logprobs (compared approximately)."""
-    out: dict[int, dict[str, object]] = {}
+def _choices(choices: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Per choice index: whole text, tokens, their logprobs and margins, the finish reason."""
+    out: dict[int, dict[str, Any]] = {}
     for c in choices:
-        acc = out.setdefault(c["index"], {"text": "", "tokens": [], "lps": [], "finish": None})  # type: ignore[arg-type]
-        acc["text"] += c["text"]  # type: ignore[operator]
+        acc = out.setdefault(c["index"], {"text": "", "tokens": [], "lps": [], "margins": [], "finish": None})
+        acc["text"] += c["text"]
         lp = c["logprobs"]
         if lp is not None:
-            acc["tokens"] += lp["tokens"]  # type: ignore[index, operator]
-            acc["lps"] += [0.0 if v is None else v for v in lp["token_logprobs"]]  # type: ignore[index, operator]
+            acc["tokens"] += lp["tokens"]
+            for token, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], strict=True):
+                acc["lps"].append(0.0 if value is None else value)
+                others = [v for t, v in (top or {}).items() if t != token]
+                acc["margins"].append(abs(value - max(others)) if value is not None and others else float("inf"))
         if c["finish_reason"] is not None:
             acc["finish"] = c["finish_reason"]
     return out
 
 
-def _same(a: dict[int, dict[str, object]], b: dict[int, dict[str, object]]) -> None:
+def _prompt_lengths(server: VllmServer) -> list[int]:
+    """Tokens of each prompt of BATCH (echoed first in each choice: given, so never a tie)."""
+    return [
+        httpx.post(server.url + "/tokenize", json={"model": server.model, "prompt": p}, timeout=60).json()["count"]
+        for p in BATCH["prompt"]  # type: ignore[attr-defined]
+    ]
+
+
+def _same(a: dict[int, dict[str, Any]], b: dict[int, dict[str, Any]], prompt_lengths: list[int]) -> bool:
+    """The same answers up to each choice's first near-tie on either side (see NEAR_TIE);
+    whether every choice was compared whole (no near-tie anywhere)."""
     assert a.keys() == b.keys()
+    whole = True
     for i in a:
-        assert {k: v for k, v in a[i].items() if k != "lps"} == {k: v for k, v in b[i].items() if k != "lps"}
-        assert a[i]["lps"] == pytest.approx(b[i]["lps"], abs=1e-3)
+        x, y, start = a[i], b[i], prompt_lengths[i]
+        ties = [k for k, m in enumerate(x["margins"]) if k >= start and m < NEAR_TIE]
+        ties += [k for k, m in enumerate(y["margins"]) if k >= start and m < NEAR_TIE]
+        n = min([*ties, len(x["tokens"]), len(y["tokens"])])  # the tied token itself may differ
+        assert x["tokens"][:n] == y["tokens"][:n], i
+        assert x["lps"][:n] == pytest.approx(y["lps"][:n], abs=1e-3), i
+        if ties:
+            whole = False
+        else:
+            assert (x["text"], x["tokens"], x["finish"]) == (y["text"], y["tokens"], y["finish"]), i
+        assert x["finish"] in ("stop", "length") and y["finish"] in ("stop", "length")
+    return whole
 
 
 def test_both_clients_answer_a_batch_alike(vllm_server: VllmServer, asyncio_server: VllmServer) -> None:
     trio_r, asyncio_r = _post(vllm_server, BATCH), _post(asyncio_server, BATCH)
     assert trio_r.status_code == asyncio_r.status_code == 200
     t, a = trio_r.json(), asyncio_r.json()
-    assert _usage(t["usage"]) == _usage(a["usage"]) and len(t["choices"]) == 4
-    _same(_choices(t["choices"]), _choices(a["choices"]))
+    assert len(t["choices"]) == 4
+    if _same(_choices(t["choices"]), _choices(a["choices"]), _prompt_lengths(vllm_server)):
+        assert _usage(t["usage"]) == _usage(a["usage"])
+    else:
+        assert t["usage"]["prompt_tokens"] == a["usage"]["prompt_tokens"]
 
 
 def test_both_clients_stream_alike(vllm_server: VllmServer, asyncio_server: VllmServer) -> None:
@@ -99,8 +133,11 @@ def test_both_clients_stream_alike(vllm_server: VllmServer, asyncio_server: Vllm
         choices = [c for e in events if isinstance(e, dict) for c in e["choices"]]
         usage = [_usage(e["usage"]) for e in events if isinstance(e, dict) and e.get("usage")]
         streams.append((_choices(choices), usage))
-    _same(streams[0][0], streams[1][0])
-    assert streams[0][1] == streams[1][1] and len(streams[0][0]) == 4
+    if _same(streams[0][0], streams[1][0], _prompt_lengths(vllm_server)):
+        assert streams[0][1] == streams[1][1]
+    else:
+        assert streams[0][1][0]["prompt_tokens"] == streams[1][1][0]["prompt_tokens"]
+    assert len(streams[0][0]) == 4
 
 
 def test_both_clients_fan_out_n2(vllm_server: VllmServer, asyncio_server: VllmServer) -> None:

@@ -60,9 +60,8 @@ def test_stream_events_add_up_to_the_final_response(client: openai.OpenAI) -> No
     assert [e.sequence_number for e in events] == list(range(len(events)))
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert deltas and deltas == final.output_text
-    # the same greedy answer as the whole response
-    whole = client.responses.create(model="braid-tiny", input="Hello there", max_output_tokens=8, temperature=0)
-    assert whole.output_text == final.output_text
+    # (not compared with a whole response: two greedy requests need not agree, docs/architecture.md)
+    assert final.usage is not None and final.usage.output_tokens <= 8
 
 
 def test_a_tool_call_round_trip(client: openai.OpenAI) -> None:
