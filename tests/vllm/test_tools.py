@@ -9,15 +9,13 @@ first test.
 
 from __future__ import annotations
 
-import functools
 import json
 from typing import Any
 
 import openai
 import pytest
 
-from tests.helpers import VllmServer
-from tools.servers import tiny_model_dir
+from tests.helpers import VllmServer, no_whitespace
 
 pytestmark = pytest.mark.vllm
 
@@ -41,16 +39,6 @@ TIME = {
 USER = [{"role": "user", "content": "Weather in Paris?"}]
 
 
-@functools.cache
-def no_whitespace() -> dict[str, int]:
-    """A logit_bias that bans the tiny model's whitespace-only tokens: the JSON grammar allows
-    whitespace between values, and the tiny model, forced into JSON, writes it for ever."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir()))
-    return {str(i): -100 for i in range(tok.vocab_size) if tok.decode([i]) and not tok.decode([i]).strip()}
-
-
 def client(server: VllmServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none", timeout=120, max_retries=0)
 
@@ -66,9 +54,14 @@ def test_readme_required_call(vllm_server: VllmServer) -> None:
         logit_bias=no_whitespace(),
     )
     choice = reply.choices[0]
-    (call,) = choice.message.tool_calls or []
-    assert call.id.startswith("chatcmpl-tool-") and call.type == "function"
-    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in ("Paris", "Oslo")
+    # "required" is one call or more (vLLM's schema: an array of at least one); how many the tiny
+    # model writes depends on its weights, which differ from one kind of CPU to another
+    calls = choice.message.tool_calls or []
+    assert calls
+    for call in calls:
+        assert call.id.startswith("chatcmpl-tool-") and call.type == "function"
+        assert call.function.name == "get_weather"
+        assert json.loads(call.function.arguments)["city"] in ("Paris", "Oslo")
     assert choice.finish_reason == "tool_calls" and choice.message.content in ("", None)
 
 
@@ -88,7 +81,8 @@ def test_a_named_function_is_called_and_finishes_with_stop(vllm_server: VllmServ
     assert call.function.name == "get_weather" and "city" in json.loads(call.function.arguments)
     assert reply.choices[0].finish_reason == "stop"  # vLLM's rule for a named function
 
-    # streamed: the openai package's own accumulation of the deltas gives the same call
+    # streamed: a request of its own (two greedy runs need not agree across requests), checked on
+    # its own: the openai package's accumulation of the deltas gives a whole call of the schema
     with c.chat.completions.stream(
         model=vllm_server.model,
         messages=USER,
@@ -100,7 +94,11 @@ def test_a_named_function_is_called_and_finishes_with_stop(vllm_server: VllmServ
     ) as stream:
         final = stream.get_final_completion()
     (streamed,) = final.choices[0].message.tool_calls or []
-    assert (streamed.function.name, streamed.function.arguments) == (call.function.name, call.function.arguments)
+    assert streamed.function.name == "get_weather" and json.loads(streamed.function.arguments)["city"] in (
+        "Paris",
+        "Oslo",
+    )
+    assert final.choices[0].finish_reason == "stop"
 
 
 def test_required_streamed_with_usage_and_n(vllm_server: VllmServer) -> None:
@@ -161,11 +159,12 @@ def test_a_tool_result_goes_back_and_is_answered(vllm_server: VllmServer) -> Non
         logit_bias=no_whitespace(),
     )
     message = first.choices[0].message
-    (call,) = message.tool_calls or []
+    calls = message.tool_calls or []  # one or more (see test_readme_required_call)
+    assert calls
     history: list[Any] = [
         *USER,
         message.model_dump(exclude_none=True),
-        {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"},
+        *({"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"} for call in calls),
     ]
     second = c.chat.completions.create(model=vllm_server.model, messages=history, tools=[WEATHER], max_tokens=8)
     assert second.choices[0].message.content is not None and not second.choices[0].message.tool_calls
