@@ -42,7 +42,21 @@ def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser], env
     add_field_option(s, ServerConfig, "port", "--port", type=int)
     add_engine_options(s)
 
-    h = s.add_argument_group("front end")
+    add_front_end_options(s)
+    add_access_options(s)
+    add_parser_options(s)
+    add_serving_options(s)
+    add_log_options(s)
+    add_admission_options(s)
+    add_storage_options(s)
+    apply_env_defaults(s, env)
+
+
+def add_front_end_options(parser: argparse.ArgumentParser) -> None:
+    """The front end's limits and timeouts (:class:`~braid.settings.Settings`, the server's config)."""
+    from braid.http.server import ServerConfig  # imports quart: never at module level (braid.cli.main)
+
+    h = parser.add_argument_group("front end")
     add_field_option(h, Settings, "max_prompts", "--max-prompts", type=int, help="prompts per request")
     add_field_option(h, Settings, "max_choices", "--max-choices", type=int, help="prompts x n per request")
     add_field_option(
@@ -146,7 +160,10 @@ def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser], env
         "direct socket write (see braid.http.patches.fast_send; for comparison)",
     )
 
-    k = s.add_argument_group("access (braid.http.auth, braid.http.cors)")
+
+def add_access_options(parser: argparse.ArgumentParser) -> None:
+    """Who may call which route: API keys and CORS (:mod:`braid.http.auth`, :mod:`braid.http.cors`)."""
+    k = parser.add_argument_group("access (braid.http.auth, braid.http.cors)")
     k.add_argument(
         "--api-key",
         action="append",
@@ -198,7 +215,10 @@ def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser], env
         help="enable CORS for this origin, e.g. https://app.example, or * for any (repeatable; default: no CORS)",
     )
 
-    t = s.add_argument_group("tool calling and reasoning, as vLLM's flags (docs/compatibility.md)")
+
+def add_parser_options(parser: argparse.ArgumentParser) -> None:
+    """vLLM's tool-call and reasoning flags (:class:`~braid.settings.ParserOptions`)."""
+    t = parser.add_argument_group("tool calling and reasoning, as vLLM's flags (docs/compatibility.md)")
     add_field_option(
         t,
         ParserOptions,
@@ -240,9 +260,10 @@ def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser], env
         help='with tool_choice "none", do not show the tools to the chat template',
     )
 
-    add_serving_options(s)
 
-    g = s.add_argument_group("logs (braid.logs, braid.http.access_log)")
+def add_log_options(parser: argparse.ArgumentParser) -> None:
+    """Logs and the proxies braid trusts (:mod:`braid.logs`, :mod:`braid.http.access_log`)."""
+    g = parser.add_argument_group("logs (braid.logs, braid.http.access_log)")
     g.add_argument(
         "--log-format",
         choices=LOG_FORMATS,
@@ -270,7 +291,10 @@ def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser], env
         "X-Forwarded-Proto braid trusts, or * for any peer; other peers' are ignored",
     )
 
-    a = s.add_argument_group("admission (docs/admission.md)")
+
+def add_admission_options(parser: argparse.ArgumentParser) -> None:
+    """Admission: slots, the queue, the classes, timeouts (docs/admission.md)."""
+    a = parser.add_argument_group("admission (docs/admission.md)")
     add_field_option(
         a,
         Settings,
@@ -340,8 +364,6 @@ def add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser], env
         metavar="SECONDS",
         help="abort a request this long after it arrived, queue wait included",
     )
-    add_storage_options(s)
-    apply_env_defaults(s, env)
 
 
 def add_serving_options(parser: argparse.ArgumentParser) -> None:
