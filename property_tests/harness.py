@@ -3,8 +3,8 @@
 What is real: the completions view the app serves (``braid.routes.completions.completions``: validation,
 limits, tokenizing, planning, ids) or its chat view (``braid.routes.chat.chat_completions``, on the
 single or the batch route: chat validation and the chat template, then the same path), the
-nursery run (``CompletionRun``), the merger (``StreamMerger`` / ``ResponseCollector``, or
-``ChatStreamMerger`` / ``ChatResponseCollector``), the SSE body (``CompletionStream``, driven exactly as
+nursery run (``CompletionRun``), the merger (``StreamMerger`` / ``ResponseCollector``, with the
+route's own events), the SSE body (``CompletionStream``, driven exactly as
 quart drives a ``ResponseBody``: ``async with body: async for data in body: await send(data)``)
 and the scripted engine, which generates on its own clock when its token delay is above zero.
 What is simulated: the client (reads with a delay, pauses, disconnects = cancellation of the
