@@ -1224,6 +1224,8 @@ def check_server(
       request of the best background priority does not wait for slots that are free (its ask
       fits the free slots less the reserve, and the background room). So once interactive
       traffic stops, background requests are admitted as slots free up.
+    * A7 (engine bound): the engine requests open and not near their end never take more than
+      ``max_in_flight`` slots' worth, server wide (:func:`_engine_bound`).
     """
     merged = sorted(
         ((r, i) for i, t in enumerate(traces) for r in t["records"] if r["kind"].startswith("slot_")),
@@ -1338,7 +1340,45 @@ def check_server(
             waiting.pop(i, None)
             asks.pop(i, None)
     settled("at the end")
+    out.extend(_engine_bound(traces, max_in_flight))
     return out
+
+
+def _engine_bound(traces: list[Trace], max_in_flight: int) -> list[Violation]:
+    """A7: the engine requests open and not near their end (those the engine has not said have at
+    most ``handover_tokens`` left) never take more than ``max_in_flight`` slots' worth, ``n``
+    each, server wide. Those near their end are beyond it, each for at most ``handover_tokens``
+    more tokens (I16): so ``braid_engine_requests_in_flight`` may pass the slots for those steps
+    while ``braid_admission_slots_in_use`` never does (docs/admission.md, "Slots")."""
+    if not max_in_flight:
+        return []
+    records = sorted(
+        (
+            (r, i)
+            for i, t in enumerate(traces)
+            for r in t["records"]
+            if r["kind"] in ("engine_open", "engine_close", "engine_ending")
+        ),
+        key=lambda x: x[0]["seq"],
+    )
+    n = [int(t.get("request", {}).get("n") or 1) for t in traces]
+    running: dict[tuple[int, int], int] = {}
+    for r, i in records:
+        if r["kind"] == "engine_open":
+            running[(i, r["prompt"])] = n[i]
+            taken = sum(running.values())
+            if taken > max_in_flight:
+                return [
+                    Violation(
+                        -8,
+                        "engine_bound",
+                        f"seq {r['seq']}: engine requests not near their end take {taken} slots' worth, "
+                        f"the server has {max_in_flight}",
+                    )
+                ]
+        else:
+            running.pop((i, r["prompt"]), None)
+    return []
 
 
 # --------------------------------------------------------------------------------------------

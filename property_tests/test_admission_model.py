@@ -169,3 +169,22 @@ def test_admission_alone_follows_the_server_rules(
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     violations = check_server(traces, slots, reserve, background_slots)
     assert not violations, "\n".join(map(str, violations))
+
+
+def test_a7_bounds_the_engine_requests_not_near_their_end() -> None:
+    """Five one-choice prompts open under four slots: a violation of A7, unless one had handed on
+    (``engine_ending``) or ended before the fifth opened."""
+
+    def trace(kinds: list[tuple[str, int]], n: int = 1) -> list[dict[str, object]]:
+        return [
+            {"request": {"n": n}, "records": [{"seq": s, "kind": k, "prompt": p} for s, (k, p) in enumerate(kinds)]}
+        ]
+
+    opens = [("engine_open", p) for p in range(5)]
+    (violation,) = check_server(trace(opens), 4)  # type: ignore[arg-type]
+    assert violation.name == "engine_bound" and "take 5 slots' worth" in violation.message
+    for end in ("engine_ending", "engine_close"):
+        assert not check_server(trace([*opens[:4], (end, 0), opens[4]]), 4)  # type: ignore[arg-type]
+    (violation,) = check_server(trace(opens[:3], n=2), 4)  # type: ignore[arg-type]
+    assert "take 6 slots' worth" in violation.message
+    assert not check_server(trace(opens), 0)  # type: ignore[arg-type]
